@@ -1,0 +1,387 @@
+"""Typed configuration: the YAML file is checked once, here, into dataclasses.
+
+Every error names the key (``train.lr_peak``) and, for unknown keys, the closest
+known one. Code below the CLI receives these objects, never raw dicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+import yaml
+
+from nmt.errors import NMTError
+
+
+@dataclass
+class CorpusConfig:
+    """One parallel corpus: plain ``PREFIX.SRC``/``PREFIX.TRG`` files, a TSV file, or a HF dataset."""
+
+    path: str = ""  # prefix, .tsv file, local dataset directory, or hub dataset name
+    format: Literal["auto", "plain", "tsv", "hf"] = "auto"
+    hf_config: Optional[str] = None  # hub dataset configuration, e.g. "de-en" for wmt14
+    split: str = "train"  # hub/local dataset split
+    src_column: Optional[str] = None  # one column per language; default: `translation` dict or the language code
+    trg_column: Optional[str] = None
+    max_pairs: Optional[int] = None  # read at most this many pairs
+
+
+@dataclass
+class DataConfig:
+    src_lang: str = "de"
+    trg_lang: str = "en"
+    train: CorpusConfig = field(default_factory=CorpusConfig)
+    dev: CorpusConfig = field(default_factory=CorpusConfig)
+    test: Optional[CorpusConfig] = None
+    max_len: int = 128  # subword tokens per side; longer training pairs are dropped
+    max_len_ratio: float = 3.0  # drop training pairs whose subword length ratio exceeds this
+    synthetic: bool = False  # generate the built-in synthetic corpus into the paths above first
+    synthetic_seed: int = 1
+    synthetic_train_pairs: int = 6000
+
+
+@dataclass
+class TokenizerConfig:
+    type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True  # one model for both languages (needed to tie src/trg embeddings)
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece
+
+
+@dataclass
+class ModelConfig:
+    type: Literal["transformer", "rnn"] = "transformer"
+    d_model: int = 256  # Transformer width; embedding size of the RNN
+    ff_size: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    heads: int = 4
+    dropout: float = 0.1
+    attention_dropout: float = 0.0
+    norm: Literal["post", "pre"] = "post"  # post-norm as in Vaswani et al.; pre-norm trains more easily
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024
+    tie_embeddings: bool = True  # share source and target embeddings (joint vocabulary)
+    tie_output: bool = True  # output projection shares the target embedding matrix
+    # RNN baseline only
+    rnn_cell: Literal["lstm", "gru"] = "lstm"
+    rnn_hidden: int = 512
+    rnn_bidirectional: bool = True
+    attention: Literal["dot", "general", "bilinear", "mlp", "additive"] = "mlp"
+    input_feeding: bool = True
+
+
+@dataclass
+class TrainConfig:
+    max_tokens: int = 4096  # source+target tokens... no: target tokens per batch (see batching.py)
+    accumulate: int = 1  # batches per update
+    lr_peak: float = 7e-4
+    lr_min: float = 0.0
+    warmup_updates: int = 1000
+    schedule: Literal["inverse_sqrt", "cosine", "linear", "constant"] = "inverse_sqrt"
+    decay_updates: Optional[int] = None  # length of cosine/linear decay; default max_updates
+    betas: tuple[float, float] = (0.9, 0.98)
+    adam_eps: float = 1e-8
+    weight_decay: float = 0.0
+    label_smoothing: float = 0.1
+    clip_norm: float = 1.0  # 0 disables clipping
+    max_updates: Optional[int] = None
+    max_epochs: Optional[int] = None
+    max_minutes: Optional[float] = None
+    validate_every: int = 1000  # updates
+    validate_beam_size: int = 1  # 1: greedy dev BLEU, cheap
+    validate_max_sentences: Optional[int] = None  # score dev BLEU on a prefix of the dev set
+    patience: Optional[int] = None  # validations without a new best before stopping
+    keep_last: int = 2
+    keep_best: int = 1
+    log_every: int = 50
+    precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    compile: bool = False
+    threads: Optional[int] = None  # torch intra-op threads; default: all cores
+    max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping
+
+
+@dataclass
+class DecodeConfig:
+    beam_size: int = 5
+    length_penalty: float = 1.0  # score / length**alpha
+    max_len_a: float = 1.2  # max output length = a * src_len + b
+    max_len_b: int = 10
+    batch_tokens: int = 8192  # source tokens per decoding batch
+    nbest: int = 1
+
+
+@dataclass
+class Config:
+    name: str = "run"
+    run_dir: str = "runs/run"
+    seed: int = 1
+    data: DataConfig = field(default_factory=DataConfig)
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+
+
+# Range checks: key -> (predicate, description). Types are checked from the annotations.
+_POSITIVE = (lambda v: v > 0, "must be > 0")
+_NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
+_PROBABILITY = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
+_RANGES: dict[str, tuple[Any, str]] = {
+    "data.max_len": _POSITIVE,
+    "data.max_len_ratio": _POSITIVE,
+    "data.synthetic_train_pairs": _POSITIVE,
+    "tokenizer.vocab_size": (lambda v: v >= 16, "must be >= 16"),
+    "tokenizer.character_coverage": (lambda v: 0.9 <= v <= 1.0, "must be in [0.9, 1]"),
+    "tokenizer.input_sentence_size": _POSITIVE,
+    "model.d_model": _POSITIVE,
+    "model.ff_size": _POSITIVE,
+    "model.encoder_layers": _POSITIVE,
+    "model.decoder_layers": _POSITIVE,
+    "model.heads": _POSITIVE,
+    "model.dropout": _PROBABILITY,
+    "model.attention_dropout": _PROBABILITY,
+    "model.max_positions": _POSITIVE,
+    "model.rnn_hidden": _POSITIVE,
+    "train.max_tokens": _POSITIVE,
+    "train.accumulate": _POSITIVE,
+    "train.lr_peak": _POSITIVE,
+    "train.lr_min": _NON_NEGATIVE,
+    "train.warmup_updates": _NON_NEGATIVE,
+    "train.decay_updates": _POSITIVE,
+    "train.betas": (lambda v: all(0.0 <= b < 1.0 for b in v), "must be two numbers in [0, 1)"),
+    "train.adam_eps": _POSITIVE,
+    "train.weight_decay": _NON_NEGATIVE,
+    "train.label_smoothing": _PROBABILITY,
+    "train.clip_norm": _NON_NEGATIVE,
+    "train.max_updates": _POSITIVE,
+    "train.max_epochs": _POSITIVE,
+    "train.max_minutes": _POSITIVE,
+    "train.validate_every": _POSITIVE,
+    "train.validate_beam_size": _POSITIVE,
+    "train.validate_max_sentences": _POSITIVE,
+    "train.patience": _POSITIVE,
+    "train.keep_last": _POSITIVE,
+    "train.keep_best": _POSITIVE,
+    "train.log_every": _POSITIVE,
+    "train.threads": _POSITIVE,
+    "train.max_nonfinite": _POSITIVE,
+    "decode.beam_size": _POSITIVE,
+    "decode.length_penalty": _NON_NEGATIVE,
+    "decode.max_len_a": _NON_NEGATIVE,
+    "decode.max_len_b": _NON_NEGATIVE,
+    "decode.batch_tokens": _POSITIVE,
+    "decode.nbest": _POSITIVE,
+}
+
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        names = [_type_name(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(names) + " or null"
+    if origin is tuple:
+        return "a list of " + str(len(typing.get_args(tp))) + " numbers"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, key: str) -> Any:
+    """Check ``value`` against annotation ``tp``; return it converted (int -> float, list -> tuple)."""
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        return _convert(value, inner[0], key)
+    if origin is Literal:
+        choices = typing.get_args(tp)
+        if value not in choices:
+            raise NMTError(f"config key '{key}': {value!r} is not {_type_name(tp)}")
+        return value
+    if origin is tuple:
+        args = typing.get_args(tp)
+        if not isinstance(value, (list, tuple)) or len(value) != len(args):
+            raise NMTError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
+        return tuple(_convert(v, a, key) for v, a in zip(value, args))
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, str) and tp is CorpusConfig:
+            value = {"path": value}  # shorthand: `train: data/train` means a plain-file prefix
+        if not isinstance(value, dict):
+            raise NMTError(f"config key '{key}': expected a mapping, got {value!r}")
+        return _build(tp, value, key)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise NMTError(f"config key '{key}': expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise NMTError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise NMTError(f"config key '{key}': expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def _build(cls: type, values: dict, prefix: str) -> Any:
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for raw_key, value in values.items():
+        key = f"{prefix}.{raw_key}" if prefix else str(raw_key)
+        if raw_key not in known:
+            close = difflib.get_close_matches(str(raw_key), known, n=1, cutoff=0.6)
+            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+            raise NMTError(f"unknown config key '{key}'{hint}")
+        converted = _convert(value, hints[raw_key], key)
+        check = _RANGES.get(key)
+        if check is not None and converted is not None and not check[0](converted):
+            raise NMTError(f"config key '{key}': {value!r} {check[1]}")
+        kwargs[raw_key] = converted
+    return cls(**kwargs)
+
+
+def _check_consistency(cfg: Config) -> None:
+    m, t = cfg.model, cfg.train
+    if m.type == "transformer" and m.d_model % m.heads:
+        raise NMTError(f"config key 'model.heads': d_model {m.d_model} is not divisible by {m.heads} heads")
+    if m.tie_embeddings and not cfg.tokenizer.joint:
+        raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
+    if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:
+        raise NMTError("config key 'train.max_updates': set at least one of max_updates, max_epochs, max_minutes")
+    if t.max_updates is not None and t.warmup_updates > t.max_updates:
+        raise NMTError(
+            f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.max_updates {t.max_updates}"
+        )
+    if t.schedule in ("cosine", "linear") and t.decay_updates is None and t.max_updates is None:
+        raise NMTError(f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates or max_updates")
+    if not cfg.data.train.path:
+        raise NMTError("config key 'data.train': no training corpus given")
+    if not cfg.data.dev.path:
+        raise NMTError("config key 'data.dev': no dev corpus given")
+    if cfg.data.src_lang == cfg.data.trg_lang:
+        raise NMTError("config key 'data.trg_lang': source and target language are the same")
+
+
+def config_from_dict(values: dict, base_dir: Path | None = None) -> Config:
+    """Build and check a Config; relative paths are resolved against ``base_dir`` if given."""
+    if not isinstance(values, dict):
+        raise NMTError("config: the top level must be a mapping of sections")
+    cfg = _build(Config, values, "")
+    _check_consistency(cfg)
+    return cfg
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """``train.lr_peak=5e-4`` -> (["train", "lr_peak"], 0.0005). Values are parsed as YAML."""
+    if "=" not in text:
+        raise NMTError(f"--set {text!r}: expected section.key=value")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    # YAML 1.1 reads 5e-4 as a string; accept it as the number it is.
+    if isinstance(value, str):
+        try:
+            value = float(value) if any(c in value for c in ".eE") else value
+        except ValueError:
+            pass
+    return key.strip().split("."), value
+
+
+def apply_overrides(values: dict, overrides: list[str]) -> dict:
+    for text in overrides:
+        path, value = parse_override(text)
+        node = values
+        for part in path[:-1]:
+            child = node.get(part)
+            if isinstance(child, str) and part in ("train", "dev", "test"):
+                child = {"path": child}
+            if not isinstance(child, dict):
+                child = {}
+            node[part] = child
+            node = child
+        node[path[-1]] = value
+    return values
+
+
+def _fix_yaml_floats(node: Any) -> Any:
+    """PyYAML (YAML 1.1) leaves ``5e-4`` as a string; convert such strings to floats."""
+    if isinstance(node, dict):
+        return {k: _fix_yaml_floats(v) for k, v in node.items()}
+    if isinstance(node, list):
+        return [_fix_yaml_floats(v) for v in node]
+    if isinstance(node, str):
+        try:
+            if any(c in node for c in "eE") and node.strip()[0] in "0123456789.-+":
+                return float(node)
+        except (ValueError, IndexError):
+            pass
+    return node
+
+
+def read_yaml(path: str | Path) -> dict:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8-sig")
+    except FileNotFoundError:
+        raise NMTError(f"{path}: no such config file") from None
+    except IsADirectoryError:
+        raise NMTError(f"{path}: is a directory, expected a YAML config file") from None
+    except PermissionError:
+        raise NMTError(f"{path}: permission denied") from None
+    except UnicodeDecodeError as e:
+        raise NMTError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    try:
+        values = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise NMTError(f"{path}:{where}: YAML does not parse: {problem}") from None
+    if values is None:
+        raise NMTError(f"{path}: the config file is empty")
+    if not isinstance(values, dict):
+        raise NMTError(f"{path}: the top level must be a mapping of sections")
+    return _fix_yaml_floats(values)
+
+
+def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+    """Read a YAML config, apply ``--set`` overrides, check everything once."""
+    values = apply_overrides(read_yaml(path), overrides or [])
+    try:
+        return config_from_dict(values)
+    except NMTError as e:
+        raise NMTError(f"{path}: {e}") from None
+
+
+def config_to_dict(cfg: Config) -> dict:
+    def clean(v: Any) -> Any:
+        if isinstance(v, tuple):
+            return [clean(x) for x in v]
+        if isinstance(v, dict):
+            return {k: clean(x) for k, x in v.items()}
+        return v
+
+    return clean(dataclasses.asdict(cfg))
+
+
+def save_config(cfg: Config, path: Path) -> None:
+    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")

@@ -1,0 +1,50 @@
+"""The interface every model implements, so training and search never ask which model they drive.
+
+Conventions:
+- ``src``: LongTensor [B, S] of source ids, padded with ``pad_id``.
+- ``src_mask``: BoolTensor [B, S], True at real tokens, False at padding.
+- ``trg_in``: LongTensor [B, T], the target shifted right (BOS first): teacher forcing input.
+- Logits are returned unnormalised, [B, T, V]; search applies log_softmax in fp32.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class Seq2Seq(nn.Module):
+    """Encoder-decoder with a teacher-forced forward pass and incremental decoding."""
+
+    pad_id: int
+
+    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor) -> torch.Tensor:
+        """Teacher forcing: logits [B, T, V] for every target position at once."""
+        memory = self.encode(src, src_mask)
+        return self.decode(memory, trg_in)
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Any:
+        """Run the encoder once; the result is what the decoder attends to (model-specific)."""
+        raise NotImplementedError
+
+    def decode(self, memory: Any, trg_in: torch.Tensor) -> torch.Tensor:
+        """Decoder over a whole target prefix [B, T] -> logits [B, T, V]."""
+        raise NotImplementedError
+
+    def init_state(self, memory: Any) -> Any:
+        """Decoder state before the first step: caches of keys/values, RNN hidden state, ..."""
+        raise NotImplementedError
+
+    def decode_step(self, prev_tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
+        """One step: prev_tokens [N] (the last emitted token) -> logits [N, V] and the new state.
+
+        The state carries the step index and every cache it needs, so a step costs O(1) in the
+        prefix length for the RNN and O(t) attention (no recomputation) for the Transformer.
+        """
+        raise NotImplementedError
+
+    def reorder_state(self, state: Any, index: torch.Tensor) -> Any:
+        """Select rows of every tensor in the state (beam reordering, finished sentences leaving)."""
+        raise NotImplementedError
