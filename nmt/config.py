@@ -80,7 +80,7 @@ class ModelConfig:
 
 @dataclass
 class TrainConfig:
-    max_tokens: int = 4096  # source+target tokens... no: target tokens per batch (see batching.py)
+    max_tokens: int = 4096  # padded tokens per batch: sentences x max(src_len, trg_len), as fairseq
     accumulate: int = 1  # batches per update
     lr_peak: float = 7e-4
     lr_min: float = 0.0

@@ -1,0 +1,48 @@
+# Set-up and everyday commands. Every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# The CPU build of torch (on this machine's disk); a GPU user may set TORCH_SPEC='torch>=2.2'.
+TORCH_SPEC ?= torch==2.13.0
+MULTI30K_DIR ?= $(abspath ../shared/data/multi30k)
+export MULTI30K_DIR
+
+.PHONY: help install demo test lint multi30k-data multi30k multi30k-rnn bench compare clean
+
+help:
+	@echo "make demo           train + translate + score the offline synthetic demo (< 5 min on 2 CPU cores)"
+	@echo "make test           run the test suite"
+	@echo "make lint           ruff"
+	@echo "make multi30k       Multi30k de->en Transformer: fetch data, train 30 min, score test_2016_flickr"
+	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: pyproject.toml | $(BIN)/python
+	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,report]"
+	touch $@
+
+install: $(VENV)/.installed
+
+demo: install
+	$(BIN)/nmt train --config configs/demo.yaml
+	$(BIN)/nmt eval-bleu --model runs/demo --src data/demo/test.src --ref data/demo/test.trg --output runs/demo/test.hyp
+
+test: install
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check nmt tests scripts
+
+multi30k-data: install
+	$(BIN)/python scripts/get_multi30k.py --out data/multi30k
+
+multi30k: multi30k-data
+	$(BIN)/nmt train --config configs/multi30k_transformer.yaml
+	$(BIN)/nmt eval-bleu --model runs/multi30k_transformer --src data/multi30k/test_2016_flickr.de \
+		--ref data/multi30k/test_2016_flickr.en --output runs/multi30k_transformer/test.hyp
+
+clean:
+	rm -rf runs data/demo

@@ -1,0 +1,170 @@
+"""Token-budget batches of similar-length sentences, and the padded tensors built from them.
+
+Budget (as in fairseq): a batch of n sentences costs ``n * max(longest src, longest trg)``
+padded slots, counting the EOS on the source and the BOS/EOS on the target, and must stay
+within ``max_tokens``. Lengths passed in here are plain subword counts; the +1 for the
+special token is added here, once.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from itertools import chain
+
+import numpy as np
+import torch
+
+_SPECIALS_PER_SIDE = 1  # source: x1..xn </s>; target: <s> y1..ym  /  y1..ym </s>
+
+
+@dataclass
+class Batch:
+    src: torch.Tensor  # [B, S] long, padded with pad_id; each row ends with EOS
+    src_mask: torch.Tensor  # [B, S] bool, True at real tokens (EOS included)
+    trg_in: torch.Tensor | None  # [B, T] long: BOS y1..ym, None when translating
+    trg_out: torch.Tensor | None  # [B, T] long: y1..ym EOS, None when translating
+    n_trg_tokens: int  # real tokens in trg_out (loss normalizer)
+    n_src_tokens: int  # real tokens in src, EOS included
+    indices: list[int]  # corpus index of each row
+
+    def to(self, device: torch.device | str) -> Batch:
+        def move(t: torch.Tensor | None) -> torch.Tensor | None:
+            return None if t is None else t.to(device, non_blocking=True)
+
+        return Batch(
+            src=move(self.src),
+            src_mask=move(self.src_mask),
+            trg_in=move(self.trg_in),
+            trg_out=move(self.trg_out),
+            n_trg_tokens=self.n_trg_tokens,
+            n_src_tokens=self.n_src_tokens,
+            indices=self.indices,
+        )
+
+
+def _length_mask(lengths: list[int]) -> torch.Tensor:
+    """[B, max(lengths)] bool, True in the first ``lengths[b]`` slots of row b."""
+    lens = torch.tensor(lengths, dtype=torch.long)
+    return torch.arange(int(lens.max())).unsqueeze(0) < lens.unsqueeze(1)
+
+
+def _padded(flat_ids: list[int], mask: torch.Tensor, pad_id: int) -> torch.Tensor:
+    # Boolean-mask assignment fills row-major, which is exactly the concatenation order.
+    out = torch.full(mask.shape, pad_id, dtype=torch.long)
+    out[mask] = torch.tensor(flat_ids, dtype=torch.long)
+    return out
+
+
+def make_batch(
+    src_ids: list[list[int]],
+    trg_ids: list[list[int]] | None,
+    indices: list[int],
+    pad_id: int,
+    bos_id: int,
+    eos_id: int,
+) -> Batch:
+    """Pad one batch; ``trg_ids`` None builds a source-only batch for translation."""
+    if not src_ids:
+        raise ValueError("make_batch needs at least one sentence")
+    eos = [eos_id]
+    src_mask = _length_mask([len(s) + 1 for s in src_ids])
+    src = _padded(list(chain.from_iterable(s + eos for s in src_ids)), src_mask, pad_id)
+    n_src_tokens = int(src_mask.sum())
+    if trg_ids is None:
+        return Batch(src, src_mask, None, None, 0, n_src_tokens, list(indices))
+    if len(trg_ids) != len(src_ids):
+        raise ValueError(f"make_batch: {len(src_ids)} source but {len(trg_ids)} target sentences")
+    trg_mask = _length_mask([len(t) + 1 for t in trg_ids])
+    trg_in = _padded(list(chain.from_iterable([bos_id] + t for t in trg_ids)), trg_mask, pad_id)
+    trg_out = _padded(list(chain.from_iterable(t + eos for t in trg_ids)), trg_mask, pad_id)
+    return Batch(src, src_mask, trg_in, trg_out, int(trg_mask.sum()), n_src_tokens, list(indices))
+
+
+# --------------------------------------------------------------------------- batch plans
+
+
+def _greedy_cuts(sizes_sorted: np.ndarray, max_tokens: int) -> list[int]:
+    """Batch sizes (row counts) cutting ``sizes_sorted`` greedily under ``n * max(size) <= max_tokens``.
+
+    A batch starting at size s can hold at most ``max_tokens // s`` rows, so each step looks at
+    that short window only: O(n) total work in numpy, not a Python loop over sentences.
+    """
+    counts: list[int] = []
+    start, n = 0, len(sizes_sorted)
+    while start < n:
+        capacity = max(1, max_tokens // int(sizes_sorted[start]))
+        window = sizes_sorted[start : start + capacity]
+        padded_tokens = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)
+        # padded_tokens is non-decreasing, so the rows that fit form a prefix.
+        fits = int(np.count_nonzero(padded_tokens <= max_tokens))
+        take = max(1, fits)  # a sentence over budget on its own still gets a batch
+        counts.append(take)
+        start += take
+    return counts
+
+
+def _split(order: np.ndarray, counts: list[int]) -> list[list[int]]:
+    bounds = np.cumsum(counts)[:-1]
+    return [part.tolist() for part in np.split(order, bounds)] if counts else []
+
+
+def _seed_for(seed: int, epoch: int) -> int:
+    return (seed * 1_000_003 + epoch) % (2**63)
+
+
+def token_batches(
+    src_lens: list[int], trg_lens: list[int], max_tokens: int, seed: int | None, epoch: int
+) -> list[list[int]]:
+    """Corpus indices grouped into length-bucketed batches; every index appears exactly once.
+
+    Pure: the same arguments always give the same list (the trainer resumes mid-epoch by
+    recomputing it). ``seed`` None keeps the sorted order and breaks ties by index (dev/test);
+    otherwise ties are broken randomly and the batch order is shuffled, both per (seed, epoch).
+    """
+    src = np.asarray(src_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
+    trg = np.asarray(trg_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
+    if src.shape != trg.shape:
+        raise ValueError(f"token_batches: {src.size} source but {trg.size} target lengths")
+    if src.size == 0:
+        return []
+    if seed is None:
+        tie_break = np.arange(src.size)
+    else:
+        tie_break = np.random.default_rng(_seed_for(seed, epoch)).permutation(src.size)
+    order = np.lexsort((tie_break, src, trg))  # last key is the primary one
+    sizes = np.maximum(src, trg)[order]
+    batches = _split(order, _greedy_cuts(sizes, max_tokens))
+    if seed is not None:
+        random.Random(_seed_for(seed, epoch)).shuffle(batches)
+    return batches
+
+
+def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Decoding batches sorted by source length, budget ``n * (longest src + EOS) <= max_tokens``.
+
+    Callers restore the input order from the indices.
+    """
+    sizes = np.asarray(lengths, dtype=np.int64) + _SPECIALS_PER_SIDE
+    if sizes.size == 0:
+        return []
+    order = np.argsort(sizes, kind="stable")
+    return _split(order, _greedy_cuts(sizes[order], max_tokens))
+
+
+def padding_fraction(batches: list[list[int]], src_lens: list[int], trg_lens: list[int]) -> float:
+    """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding.
+
+    ``src_lens`` is unused: the target side is what the loss pays for; kept for a symmetric call.
+    """
+    del src_lens
+    batches = [b for b in batches if b]
+    if not batches:
+        return 0.0
+    trg = np.asarray(trg_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
+    flat = np.fromiter(chain.from_iterable(batches), dtype=np.int64)
+    rows = np.array([len(b) for b in batches], dtype=np.int64)
+    starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
+    lens = trg[flat]
+    slots = int((np.maximum.reduceat(lens, starts) * rows).sum())
+    return 1.0 - float(lens.sum()) / slots

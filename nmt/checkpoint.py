@@ -1,0 +1,193 @@
+"""Checkpoints that survive crashes and never execute code on load.
+
+A checkpoint is written to a temporary file in the same directory, flushed, fsynced and
+renamed, so a crash at any moment leaves either the old file or the new one, complete.
+A SHA-256 sidecar detects later truncation or corruption. Loading uses
+``torch.load(weights_only=True)``: tensors and plain containers only, never pickled objects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from nmt.errors import NMTError
+
+FORMAT = "nmt-checkpoint-1"
+_UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")
+
+# Test hook: called between writing the temporary file and renaming it (simulates a crash there).
+_before_rename: Callable[[Path], None] | None = None
+
+
+def _fsync_dir(directory: Path) -> None:
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` so that readers see the old content or the new, never a mix."""
+    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if _before_rename is not None:
+            _before_rename(tmp)
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        raise NMTError(f"{path}: could not write checkpoint ({e.strerror or e}); the previous one is intact") from None
+    _fsync_dir(path.parent)
+
+
+def save(payload: dict, path: Path) -> None:
+    """Serialise ``payload`` (tensors and plain containers) atomically, with a SHA-256 sidecar."""
+    buffer = io.BytesIO()
+    torch.save({"format": FORMAT, **payload}, buffer)
+    data = buffer.getvalue()
+    atomic_write_bytes(path, data)
+    atomic_write_bytes(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load and verify a checkpoint; any problem is an NMTError naming the file."""
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise NMTError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
+    sidecar = path.with_name(path.name + ".sha256")
+    if sidecar.exists():
+        expected = sidecar.read_text().strip()
+        if hashlib.sha256(data).hexdigest() != expected:
+            raise NMTError(f"{path}: checkpoint is corrupted or truncated (checksum mismatch)")
+    try:
+        payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
+        text = str(e)
+        if "Weights only load failed" in text or "Unsupported global" in text or "UnpicklingError" in type(e).__name__:
+            raise NMTError(f"{path}: refused: the file holds Python objects, not just tensors (unsafe to load)") from None
+        raise NMTError(f"{path}: checkpoint is unreadable ({type(e).__name__}); it may be truncated") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise NMTError(f"{path}: not an nmt checkpoint")
+    return payload
+
+
+@dataclass
+class CheckpointInfo:
+    path: Path
+    kind: str  # "update" (full training state) or "best" (model weights for translation)
+    update: int
+
+
+def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
+    """Checkpoints of one kind, newest first."""
+    found = []
+    if directory.is_dir():
+        for p in directory.iterdir():
+            m = _UPDATE_RE.match(p.name)
+            if m and m.group(1) == kind:
+                found.append(CheckpointInfo(p, kind, int(m.group(2))))
+    return sorted(found, key=lambda c: c.update, reverse=True)
+
+
+def _remove(path: Path) -> None:
+    path.unlink(missing_ok=True)
+    path.with_name(path.name + ".sha256").unlink(missing_ok=True)
+
+
+class CheckpointManager:
+    """Keeps the last K training-state checkpoints and the best N model checkpoints of a run.
+
+    ``index.json`` records the best checkpoints with their dev scores; it is rewritten
+    atomically after each new file is complete, and old files are deleted only after that.
+    """
+
+    def __init__(self, directory: Path, keep_last: int, keep_best: int):
+        self.directory = directory
+        self.keep_last = keep_last
+        self.keep_best = keep_best
+        directory.mkdir(parents=True, exist_ok=True)
+        self.index_path = directory / "index.json"
+
+    def read_index(self) -> dict:
+        try:
+            return json.loads(self.index_path.read_text())
+        except (OSError, ValueError):
+            return {"best": []}
+
+    def save_state(self, payload: dict, update: int) -> Path:
+        path = self.directory / f"update_{update:08d}.pt"
+        save(payload, path)
+        for old in list_checkpoints(self.directory, "update")[self.keep_last :]:
+            _remove(old.path)
+        return path
+
+    def save_best(self, payload: dict, update: int, score: float) -> bool:
+        """Save if ``score`` ranks among the best N; returns whether it was kept."""
+        index = self.read_index()
+        best = [b for b in index.get("best", []) if (self.directory / b["file"]).exists()]
+        if len(best) >= self.keep_best and score <= min(b["score"] for b in best):
+            return False
+        name = f"best_{update:08d}.pt"
+        save(payload, self.directory / name)
+        best = sorted(best + [{"file": name, "score": score, "update": update}], key=lambda b: -b["score"])
+        kept, dropped = best[: self.keep_best], best[self.keep_best :]
+        atomic_write_bytes(self.index_path, json.dumps({"best": kept}, indent=1).encode())
+        for b in dropped:
+            _remove(self.directory / b["file"])
+        return True
+
+    def best_path(self) -> Path | None:
+        for b in self.read_index().get("best", []):
+            path = self.directory / b["file"]
+            if path.exists():
+                return path
+        found = list_checkpoints(self.directory, "best")
+        return found[0].path if found else None
+
+    def load_latest_state(self, warn: Callable[[str], None]) -> dict | None:
+        """Newest readable training state; corrupt ones are reported and skipped."""
+        for info in list_checkpoints(self.directory, "update"):
+            try:
+                return load(info.path)
+            except NMTError as e:
+                warn(f"{e}; trying an older checkpoint")
+        return None
+
+
+def rng_state() -> dict[str, Any]:
+    import random
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    import random
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])

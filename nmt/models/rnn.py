@@ -1,0 +1,227 @@
+"""Attentional RNN encoder-decoder (Bahdanau et al., 2015; Luong et al., 2015), the baseline.
+
+Encoder: embeddings -> multi-layer (bi)LSTM/GRU over packed sequences, so padding never enters
+the recurrence. Outputs h^enc_1..h^enc_S [B, S, H_enc], H_enc = 2 * rnn_hidden if bidirectional.
+
+Bridge: the decoder starts from the encoder's final states, per decoder layer l
+    h^dec_0[l] = tanh(W_h[l] [h_fwd; h_bwd])     (and c^dec_0[l] = tanh(W_c[l] [c_fwd; c_bwd]) for LSTM)
+taking encoder layer min(l, encoder_layers - 1).
+
+Decoder step t (y_{t-1} the previous target token, h̃_{t-1} the previous attentional vector):
+    x_t  = [E y_{t-1}; h̃_{t-1}]                 (input feeding; just E y_{t-1} without it)
+    h_t  = RNN(x_t, h_{t-1})                      top-layer output, the attention query
+    c_t  = attention(h_t, h^enc)                  context (see attention.py)
+    h̃_t  = tanh(W_c [h_t; c_t])                   Luong's attentional vector
+    p_t  = softmax(W_o P h̃_t + b_o)               P: h̃ -> d_model when W_o is the target embedding
+
+Teacher forcing runs the same ``_step`` as incremental decoding: one step at a time with input
+feeding (h̃_{t-1} must exist before step t), or over all T positions in one call without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+from torch import nn
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
+
+from nmt.config import ModelConfig
+from nmt.models.attention import make_attention
+from nmt.models.base import Seq2Seq
+
+
+@dataclass
+class RNNMemory:
+    """What ``encode`` returns: everything the decoder reads from the source, batch-first."""
+
+    outputs: torch.Tensor  # (B, S, H_enc) encoder states, the attention keys and values
+    keys: torch.Tensor  # (B, S, *) attention.precompute_keys(outputs)
+    mask: torch.Tensor  # (B, S) True at real tokens
+    final_h: torch.Tensor  # (L_enc, B, H_enc) final encoder state per layer, [fwd; bwd]
+    final_c: Optional[torch.Tensor]  # (L_enc, B, H_enc) final LSTM cell; None for GRU
+
+    def index_select(self, index: torch.Tensor) -> RNNMemory:
+        return RNNMemory(
+            outputs=self.outputs.index_select(0, index),
+            keys=self.keys.index_select(0, index),
+            mask=self.mask.index_select(0, index),
+            final_h=self.final_h.index_select(1, index),
+            final_c=None if self.final_c is None else self.final_c.index_select(1, index),
+        )
+
+
+@dataclass
+class RNNState:
+    """Decoder state between steps; ``reorder_state`` selects rows of every tensor in it."""
+
+    memory: RNNMemory
+    hidden: torch.Tensor  # (L_dec, N, H) decoder RNN hidden state
+    cell: Optional[torch.Tensor]  # (L_dec, N, H) LSTM cell; None for GRU
+    feed: torch.Tensor  # (N, H) previous attentional vector h̃ (zeros before the first step)
+    step: int  # target tokens consumed so far
+
+
+def final_states_by_layer(final: torch.Tensor, layers: int, directions: int) -> torch.Tensor:
+    """PyTorch's (L * D, B, H) final states, layer-major -> (L, B, D * H), i.e. [fwd; bwd] per layer."""
+    _, batch, hidden = final.shape
+    final = final.view(layers, directions, batch, hidden).permute(0, 2, 1, 3)  # (L, B, D, H)
+    return final.reshape(layers, batch, directions * hidden)
+
+
+def run_packed(rnn: nn.RNNBase, x: torch.Tensor, mask: torch.Tensor):
+    """Run ``rnn`` over the real tokens only: x (B, S, E), mask (B, S) -> outputs (B, S, H), final states.
+
+    Outputs are zero at padded positions. Assumes real tokens come first in each row.
+    """
+    lengths = mask.sum(dim=1).clamp(min=1).cpu()  # (B,); pack_padded_sequence wants them on the CPU
+    packed = pack_padded_sequence(x, lengths, batch_first=True, enforce_sorted=False)
+    outputs, final = rnn(packed)
+    outputs, _ = pad_packed_sequence(outputs, batch_first=True, total_length=x.size(1))
+    return outputs, final
+
+
+class RNNSeq2Seq(Seq2Seq):
+    """LSTM/GRU encoder-decoder with attention, input feeding and optional tied embeddings."""
+
+    def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
+        super().__init__()
+        self.pad_id = pad_id
+        self.cell_type = cfg.rnn_cell
+        self.input_feeding = cfg.input_feeding
+        self.encoder_layers, self.decoder_layers = cfg.encoder_layers, cfg.decoder_layers
+        self.directions = 2 if cfg.rnn_bidirectional else 1
+        emb, hid = cfg.d_model, cfg.rnn_hidden
+        enc_size = self.directions * hid  # H_enc
+        rnn_class = {"lstm": nn.LSTM, "gru": nn.GRU}[cfg.rnn_cell]
+
+        self.src_embed = nn.Embedding(src_vocab_size, emb, padding_idx=pad_id)
+        if cfg.tie_embeddings:
+            if src_vocab_size != trg_vocab_size:
+                raise ValueError(
+                    f"tie_embeddings needs one joint vocabulary, got source {src_vocab_size} "
+                    f"and target {trg_vocab_size} entries"
+                )
+            self.trg_embed = self.src_embed
+        else:
+            self.trg_embed = nn.Embedding(trg_vocab_size, emb, padding_idx=pad_id)
+        self.dropout = nn.Dropout(cfg.dropout)
+
+        self.encoder = rnn_class(
+            emb,
+            hid,
+            num_layers=cfg.encoder_layers,
+            bidirectional=cfg.rnn_bidirectional,
+            dropout=cfg.dropout if cfg.encoder_layers > 1 else 0.0,
+            batch_first=True,
+        )
+        self.bridge_h = nn.ModuleList(nn.Linear(enc_size, hid) for _ in range(cfg.decoder_layers))
+        self.bridge_c = (
+            nn.ModuleList(nn.Linear(enc_size, hid) for _ in range(cfg.decoder_layers))
+            if cfg.rnn_cell == "lstm"
+            else None
+        )
+
+        self.decoder = rnn_class(
+            emb + hid if cfg.input_feeding else emb,
+            hid,
+            num_layers=cfg.decoder_layers,
+            dropout=cfg.dropout if cfg.decoder_layers > 1 else 0.0,
+            batch_first=True,
+        )
+        self.attention = make_attention(cfg.attention, hid, enc_size, hid)
+        self.combine = nn.Linear(hid + enc_size, hid, bias=False)  # W_c
+        if cfg.tie_output:
+            self.out_proj = nn.Identity() if hid == emb else nn.Linear(hid, emb, bias=False)  # P
+            self.generator = nn.Linear(emb, trg_vocab_size)
+            self.generator.weight = self.trg_embed.weight  # W_o = E_trg, [V, d_model]
+        else:
+            self.out_proj = nn.Identity()
+            self.generator = nn.Linear(hid, trg_vocab_size)
+        self._init_embeddings(emb)
+
+    def _init_embeddings(self, emb: int) -> None:
+        """N(0, 1/d_model): logits through a tied output matrix start at unit scale; pad row zero."""
+        tables = [self.src_embed] if self.trg_embed is self.src_embed else [self.src_embed, self.trg_embed]
+        for table in tables:
+            nn.init.normal_(table.weight, std=emb**-0.5)
+            with torch.no_grad():
+                table.weight[self.pad_id].zero_()
+
+    def num_parameters(self) -> int:
+        """Distinct parameters (tied matrices counted once)."""
+        return sum(p.numel() for p in self.parameters())
+
+    # ---- encoder ----
+
+    def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> RNNMemory:
+        x = self.dropout(self.src_embed(src))  # (B, S, E)
+        outputs, final = run_packed(self.encoder, x, src_mask)  # (B, S, H_enc)
+        outputs = self.dropout(outputs)
+        final_h, final_c = final if self.cell_type == "lstm" else (final, None)
+        final_h = final_states_by_layer(final_h, self.encoder_layers, self.directions)  # (L_enc, B, H_enc)
+        if final_c is not None:
+            final_c = final_states_by_layer(final_c, self.encoder_layers, self.directions)
+        keys = self.attention.precompute_keys(outputs)  # (B, S, *)
+        return RNNMemory(outputs, keys, src_mask, final_h, final_c)
+
+    def init_state(self, memory: RNNMemory) -> RNNState:
+        """Bridge: h^dec_0[l] = tanh(W_h[l] h^enc_final[min(l, L_enc - 1)]), likewise c for LSTM."""
+        source_layer = [min(layer, self.encoder_layers - 1) for layer in range(self.decoder_layers)]
+        hidden = torch.stack([torch.tanh(w(memory.final_h[j])) for w, j in zip(self.bridge_h, source_layer)])
+        cell = None
+        if self.bridge_c is not None:
+            cell = torch.stack([torch.tanh(w(memory.final_c[j])) for w, j in zip(self.bridge_c, source_layer)])
+        batch = memory.outputs.size(0)
+        feed = memory.outputs.new_zeros(batch, self.combine.out_features)  # (N, H)
+        return RNNState(memory, hidden, cell, feed, step=0)  # hidden, cell: (L_dec, N, H)
+
+    # ---- decoder ----
+
+    def _step(self, emb: torch.Tensor, state: RNNState) -> tuple[torch.Tensor, RNNState]:
+        """Embedded targets (N, t, E) -> attentional vectors h̃ (N, t, H); t == 1 with input feeding."""
+        x = emb
+        if self.input_feeding:
+            x = torch.cat([emb, state.feed.unsqueeze(1).to(emb.dtype)], dim=-1)  # (N, 1, E + H)
+        if state.cell is None:
+            out, hidden = self.decoder(x, state.hidden)  # (N, t, H)
+            cell = None
+        else:
+            out, (hidden, cell) = self.decoder(x, (state.hidden, state.cell))
+        mem = state.memory
+        context, _ = self.attention(out, mem.outputs, mem.keys, mem.mask)  # (N, t, H_enc)
+        h_tilde = self.dropout(torch.tanh(self.combine(torch.cat([out, context.to(out.dtype)], dim=-1))))
+        new_state = replace(state, hidden=hidden, cell=cell, feed=h_tilde[:, -1], step=state.step + emb.size(1))
+        return h_tilde, new_state  # (N, t, H)
+
+    def _logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
+        """h̃ (..., H) -> logits (..., V)."""
+        return self.generator(self.out_proj(h_tilde))
+
+    def decode(self, memory: RNNMemory, trg_in: torch.Tensor) -> torch.Tensor:
+        state = self.init_state(memory)
+        emb = self.dropout(self.trg_embed(trg_in))  # (B, T, E)
+        if self.input_feeding:
+            steps = []
+            for t in range(emb.size(1)):
+                h_tilde, state = self._step(emb[:, t : t + 1], state)  # (B, 1, H)
+                steps.append(h_tilde)
+            h_tilde = torch.cat(steps, dim=1)  # (B, T, H)
+        else:
+            h_tilde, state = self._step(emb, state)  # (B, T, H), all positions in one call
+        return self._logits(h_tilde)  # (B, T, V)
+
+    def decode_step(self, prev_tokens: torch.Tensor, state: RNNState) -> tuple[torch.Tensor, RNNState]:
+        emb = self.trg_embed(prev_tokens).unsqueeze(1)  # (N, 1, E)
+        h_tilde, state = self._step(self.dropout(emb), state)  # (N, 1, H)
+        return self._logits(h_tilde.squeeze(1)), state  # (N, V)
+
+    def reorder_state(self, state: RNNState, index: torch.Tensor) -> RNNState:
+        return RNNState(
+            memory=state.memory.index_select(index),
+            hidden=state.hidden.index_select(1, index),
+            cell=None if state.cell is None else state.cell.index_select(1, index),
+            feed=state.feed.index_select(0, index),
+            step=state.step,
+        )

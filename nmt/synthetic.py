@@ -1,0 +1,295 @@
+"""An embedded synthetic language pair so the demo trains and scores fully offline.
+
+The source language is SVO with adjectives before the noun, a gender-free lexicon and
+invariant verbs. The target language is SOV (the verb moves to the end, also inside
+relative clauses), puts adjectives after the noun in mirrored order, uses postpositions,
+and makes articles, adjectives and relative pronouns agree with the noun's gender and
+number, and verbs agree with their subject's number. Both vocabularies are generated
+from a fixed lexicon seed, so the language never changes; the corpus seed only picks
+which sentences are drawn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from nmt.errors import NMTError
+
+CORPUS_VERSION = 1
+LEXICON_SEED = 20240601
+N_NOUNS, N_VERBS, N_ADJS, N_PREPS, N_ADVS = 60, 24, 20, 6, 6
+GENDERS = ("m", "f")
+NUMBERS = ("sg", "pl")
+
+# Source function words (fixed, invariant).
+SRC_DEF, SRC_INDEF, SRC_DEM, SRC_REL = "ta", "en", "dis", "wel"
+SRC_NUMS = ("tuo", "tre", "fir", "fem")
+SRC_PLURAL = "i"
+
+# Target function words: (gender, number) -> form.
+TRG_DEF = {("m", "sg"): "lo", ("f", "sg"): "la", ("m", "pl"): "lor", ("f", "pl"): "lar"}
+TRG_INDEF = {"m": "un", "f": "una"}
+TRG_DEM = {("m", "sg"): "sto", ("f", "sg"): "sta", ("m", "pl"): "stor", ("f", "pl"): "star"}
+TRG_REL = {("m", "sg"): "ku", ("f", "sg"): "ka", ("m", "pl"): "kus", ("f", "pl"): "kas"}
+TRG_NUMS = ("dua", "tri", "kwar", "fen")
+TRG_NOUN_PL = {"m": "en", "f": "ar"}
+TRG_ADJ_END = {("m", "sg"): "o", ("f", "sg"): "a", ("m", "pl"): "os", ("f", "pl"): "as"}
+TRG_VERB_END = {"sg": "et", "pl": "ont"}
+
+
+@dataclass(frozen=True)
+class Noun:
+    src: str
+    trg: str
+    gender: str
+
+
+@dataclass(frozen=True)
+class Word:
+    src: str
+    trg: str
+
+
+@dataclass(frozen=True)
+class Lexicon:
+    nouns: tuple[Noun, ...]
+    verbs: tuple[Word, ...]
+    adjs: tuple[Word, ...]
+    preps: tuple[Word, ...]
+    advs: tuple[Word, ...]
+
+
+# ---------------------------------------------------------------- lexicon
+
+
+def _make_stem(rng: random.Random, onsets: str, vowels: str, codas: str, n_syll: int) -> str:
+    parts = [rng.choice(onsets) + rng.choice(vowels) for _ in range(n_syll)]
+    if rng.random() < 0.5:
+        parts.append(rng.choice(codas))
+    return "".join(parts)
+
+
+def _fresh_stems(rng: random.Random, n: int, taken: set[str], style: tuple[str, str, str], forms) -> list[str]:
+    """Draw n stems whose inflected forms collide with nothing already taken."""
+    stems: list[str] = []
+    while len(stems) < n:
+        stem = _make_stem(rng, *style, n_syll=rng.choice((2, 2, 3)))
+        new = forms(stem)
+        if taken.isdisjoint(new) and len(set(new)) == len(new):
+            taken.update(new)
+            stems.append(stem)
+    return stems
+
+
+def build_lexicon(seed: int = LEXICON_SEED) -> Lexicon:
+    """The fixed word-for-word table; every surface form is unique within its language."""
+    rng = random.Random(seed)
+    src_style = ("bdfgklmnprstvz", "aeiou", "nrsl")
+    trg_style = ("bcdfghjmnprtvwz", "aeiouy", "mnrx")
+    src_taken = {SRC_DEF, SRC_INDEF, SRC_DEM, SRC_REL, *SRC_NUMS}
+    trg_taken = {*TRG_DEF.values(), *TRG_INDEF.values(), *TRG_DEM.values(), *TRG_REL.values(), *TRG_NUMS}
+
+    def plain(stem: str) -> list[str]:
+        return [stem]
+
+    def src_noun(stem: str) -> list[str]:
+        return [stem, stem + SRC_PLURAL]
+
+    def trg_noun(stem: str) -> list[str]:
+        return [stem, stem + TRG_NOUN_PL["m"], stem + TRG_NOUN_PL["f"]]
+
+    def trg_adj(stem: str) -> list[str]:
+        return [stem + end for end in TRG_ADJ_END.values()]
+
+    def trg_verb(stem: str) -> list[str]:
+        return [stem + end for end in TRG_VERB_END.values()]
+
+    def pairs(n: int, src_forms, trg_forms) -> list[tuple[str, str]]:
+        src = _fresh_stems(rng, n, src_taken, src_style, src_forms)
+        trg = _fresh_stems(rng, n, trg_taken, trg_style, trg_forms)
+        return list(zip(src, trg))
+
+    nouns = tuple(Noun(s, t, GENDERS[i % 2]) for i, (s, t) in enumerate(pairs(N_NOUNS, src_noun, trg_noun)))
+    return Lexicon(
+        nouns=nouns,
+        verbs=tuple(Word(s, t) for s, t in pairs(N_VERBS, plain, trg_verb)),
+        adjs=tuple(Word(s, t) for s, t in pairs(N_ADJS, plain, trg_adj)),
+        preps=tuple(Word(s, t) for s, t in pairs(N_PREPS, plain, plain)),
+        advs=tuple(Word(s, t) for s, t in pairs(N_ADVS, plain, plain)),
+    )
+
+
+LEXICON = build_lexicon()
+
+
+# ---------------------------------------------------------------- grammar
+
+
+@dataclass(frozen=True)
+class NounPhrase:
+    noun: Noun
+    number: str
+    det: str  # "def" | "indef" | "dem" | "num"
+    num_idx: int
+    adjs: tuple[Word, ...]
+
+
+def _sample_np(rng: random.Random, lex: Lexicon) -> NounPhrase:
+    noun = rng.choice(lex.nouns)
+    det = rng.choice(("def", "def", "indef", "dem", "num"))
+    number = "pl" if det == "num" else ("sg" if det == "indef" else rng.choice(NUMBERS))
+    n_adj = rng.choices((0, 1, 2), weights=(4, 4, 2))[0]
+    return NounPhrase(noun, number, det, rng.randrange(len(SRC_NUMS)), tuple(rng.sample(lex.adjs, n_adj)))
+
+
+def _src_np(np_: NounPhrase) -> list[str]:
+    det = {"def": SRC_DEF, "indef": SRC_INDEF, "dem": SRC_DEM, "num": SRC_NUMS[np_.num_idx]}[np_.det]
+    noun = np_.noun.src + (SRC_PLURAL if np_.number == "pl" else "")
+    return [det, *(a.src for a in np_.adjs), noun]
+
+
+def _trg_np(np_: NounPhrase) -> list[str]:
+    """Target NP: determiner, noun, adjectives in mirrored order; demonstratives follow."""
+    g, n = np_.noun.gender, np_.number
+    noun = np_.noun.trg + (TRG_NOUN_PL[g] if n == "pl" else "")
+    adjs = [a.trg + TRG_ADJ_END[(g, n)] for a in reversed(np_.adjs)]
+    if np_.det == "dem":
+        return [noun, *adjs, TRG_DEM[(g, n)]]
+    det = {"def": TRG_DEF[(g, n)], "indef": TRG_INDEF[g], "num": TRG_NUMS[np_.num_idx]}[np_.det]
+    return [det, noun, *adjs]
+
+
+@dataclass(frozen=True)
+class Sentence:
+    subj: NounPhrase
+    rel: tuple[Word, NounPhrase] | None  # relative clause on the subject: verb + object
+    verb: Word
+    obj: NounPhrase
+    pp: tuple[Word, NounPhrase] | None
+    adv: Word | None
+
+
+def sample_sentence(rng: random.Random, lex: Lexicon = LEXICON) -> Sentence:
+    subj = _sample_np(rng, lex)
+    rel = (rng.choice(lex.verbs), _sample_np(rng, lex)) if rng.random() < 0.35 else None
+    verb, obj = rng.choice(lex.verbs), _sample_np(rng, lex)
+    pp = (rng.choice(lex.preps), _sample_np(rng, lex)) if rng.random() < 0.5 else None
+    adv = rng.choice(lex.advs) if rng.random() < 0.3 else None
+    return Sentence(subj, rel, verb, obj, pp, adv)
+
+
+def source_tokens(s: Sentence) -> list[str]:
+    """SVO: subj [wel verb obj] verb obj [prep np] [adv]."""
+    toks = _src_np(s.subj)
+    if s.rel:
+        toks += [SRC_REL, s.rel[0].src, *_src_np(s.rel[1])]
+    toks += [s.verb.src, *_src_np(s.obj)]
+    if s.pp:
+        toks += [s.pp[0].src, *_src_np(s.pp[1])]
+    if s.adv:
+        toks.append(s.adv.src)
+    return toks
+
+
+def target_tokens(s: Sentence) -> list[str]:
+    """SOV: subj [rel obj verb] obj [np postp] [adv] verb; verbs agree with their subject."""
+    end = TRG_VERB_END[s.subj.number]
+    toks = _trg_np(s.subj)
+    if s.rel:
+        toks += [TRG_REL[(s.subj.noun.gender, s.subj.number)], *_trg_np(s.rel[1]), s.rel[0].trg + end]
+    toks += _trg_np(s.obj)
+    if s.pp:
+        toks += [*_trg_np(s.pp[1]), s.pp[0].trg]
+    if s.adv:
+        toks.append(s.adv.trg)
+    toks.append(s.verb.trg + end)
+    return toks
+
+
+def render(tokens: list[str]) -> str:
+    """Sentence-initial capital and a final period attached to the last word."""
+    text = " ".join(tokens) + "."
+    return text[0].upper() + text[1:]
+
+
+def generate_pairs(n: int, seed: int) -> list[tuple[str, str]]:
+    """n distinct (source, target) sentence pairs, deterministic for a given seed."""
+    if n < 0:
+        raise NMTError(f"synthetic corpus size must be >= 0, got {n}")
+    rng = random.Random(seed)
+    seen: set[str] = set()
+    pairs: list[tuple[str, str]] = []
+    for _ in range(max(100 * n, 1000)):
+        if len(pairs) == n:
+            return pairs
+        s = sample_sentence(rng)
+        src = render(source_tokens(s))
+        if src not in seen:
+            seen.add(src)
+            pairs.append((src, render(target_tokens(s))))
+    if len(pairs) < n:
+        raise NMTError(f"could not draw {n} distinct synthetic sentences (got {len(pairs)})")
+    return pairs
+
+
+# ---------------------------------------------------------------- files
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_synthetic_corpus(
+    out_dir: Path,
+    src_lang: str = "src",
+    trg_lang: str = "trg",
+    n_train: int = 6000,
+    n_dev: int = 300,
+    n_test: int = 300,
+    seed: int = 1,
+) -> dict[str, Path]:
+    """Write train/dev/test parallel files; dev and test sources never occur in train.
+
+    Returns split name -> file prefix (append ".{lang}"). A second call with the same
+    parameters finds meta.json and the files in place and writes nothing.
+    """
+    out_dir = Path(out_dir)
+    sizes = {"train": n_train, "dev": n_dev, "test": n_test}
+    prefixes = {split: out_dir / split for split in sizes}
+    meta = {"version": CORPUS_VERSION, "seed": seed, "src_lang": src_lang, "trg_lang": trg_lang, **sizes}
+    files = [prefixes[s].with_name(f"{s}.{lang}") for s in sizes for lang in (src_lang, trg_lang)]
+    meta_path = out_dir / "meta.json"
+    if _meta_matches(meta_path, meta) and all(f.is_file() for f in files):
+        return prefixes
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NMTError(f"cannot create synthetic corpus directory {out_dir}: {e.strerror}") from e
+    # Held-out splits come first so that one dedupe pass keeps them disjoint from train.
+    pairs = generate_pairs(n_test + n_dev + n_train, seed)
+    bounds = {"test": (0, n_test), "dev": (n_test, n_test + n_dev), "train": (n_test + n_dev, len(pairs))}
+    for split, (lo, hi) in bounds.items():
+        chunk = pairs[lo:hi]
+        for side, lang in enumerate((src_lang, trg_lang)):
+            _write_atomic(out_dir / f"{split}.{lang}", "".join(p[side] + "\n" for p in chunk))
+    _write_atomic(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+    return prefixes
+
+
+def _meta_matches(path: Path, meta: dict) -> bool:
+    try:
+        return json.loads(path.read_text(encoding="utf-8")) == meta
+    except (OSError, ValueError):
+        return False

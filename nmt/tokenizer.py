@@ -1,0 +1,179 @@
+"""SentencePiece subword models: training (or reuse) and a small typed wrapper.
+
+Every model has the same special ids (pad=0, unk=1, bos=2, eos=3), so batching and the
+models never need to ask which id is which.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+import sentencepiece as spm
+
+from nmt.config import TokenizerConfig
+from nmt.errors import NMTError
+
+PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+class Tokenizer:
+    """A loaded SentencePiece model with the project's fixed special ids."""
+
+    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path) -> None:
+        self._sp = processor
+        self._model_path = model_path
+        self._specials = frozenset((PAD_ID, BOS_ID, EOS_ID))
+        self._threads = os.cpu_count() or 1
+
+    @classmethod
+    def load(cls, path: str | Path) -> Tokenizer:
+        path = Path(path)
+        if not path.is_file():
+            raise NMTError(f"{path}: no such SentencePiece model file")
+        processor = spm.SentencePieceProcessor()
+        try:
+            processor.Load(str(path))
+        except (RuntimeError, OSError) as e:
+            raise NMTError(f"{path}: not a SentencePiece model ({str(e).strip().splitlines()[0]})") from None
+        found = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
+        if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise NMTError(f"{path}: special ids pad/unk/bos/eos are {found}, expected (0, 1, 2, 3)")
+        return cls(processor, path)
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    @property
+    def unk_id(self) -> int:
+        return UNK_ID
+
+    @property
+    def bos_id(self) -> int:
+        return BOS_ID
+
+    @property
+    def eos_id(self) -> int:
+        return EOS_ID
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    @property
+    def model_path(self) -> Path:
+        return self._model_path
+
+    def encode(self, lines: list[str]) -> list[list[int]]:
+        """Subword ids of each line, without BOS/EOS (batching adds those)."""
+        if not lines:
+            return []
+        return self._sp.encode(lines, out_type=int, num_threads=self._threads)
+
+    def decode(self, ids: list[list[int]]) -> list[str]:
+        """Detokenized text; pad/bos/eos ids are dropped rather than rendered."""
+        cleaned = [[i for i in row if i not in self._specials] for row in ids]
+        if not cleaned:
+            return []
+        return self._sp.decode(cleaned, num_threads=self._threads)
+
+
+# --------------------------------------------------------------------------- file layout
+
+
+def tokenizer_paths(out_dir: Path, joint: bool, src_lang: str, trg_lang: str) -> tuple[Path, Path]:
+    """Model files for (source, target): the same file twice for a joint vocabulary."""
+    if joint:
+        return out_dir / "spm.model", out_dir / "spm.model"
+    return out_dir / f"spm.{src_lang}.model", out_dir / f"spm.{trg_lang}.model"
+
+
+def load_tokenizers(out_dir: str | Path, joint: bool, src_lang: str, trg_lang: str) -> tuple[Tokenizer, Tokenizer]:
+    src_path, trg_path = tokenizer_paths(Path(out_dir), joint, src_lang, trg_lang)
+    src = Tokenizer.load(src_path)
+    return src, (src if joint else Tokenizer.load(trg_path))
+
+
+# --------------------------------------------------------------------------- training
+
+_TOO_HIGH = re.compile(r"Vocabulary size too high.*?<=\s*(\d+)", re.DOTALL)
+_TOO_SMALL = re.compile(r"smaller than required_chars\.\s*(\d+)\s*vs\s*(\d+)")
+
+
+def _vocab_error(message: str, vocab_size: int) -> NMTError:
+    """Translate SentencePiece's trainer failure into an error naming the config key."""
+    key = "config key 'tokenizer.vocab_size'"
+    if "Vocabulary size too high" in message:
+        match = _TOO_HIGH.search(message)
+        bound = f" (at most {match.group(1)})" if match else ""
+        return NMTError(f"{key}: {vocab_size} is larger than this corpus supports{bound}")
+    match = _TOO_SMALL.search(message)
+    if match:
+        return NMTError(
+            f"{key}: {vocab_size} is smaller than the {match.group(2)} characters and special pieces this corpus "
+            "needs (raise it or lower tokenizer.character_coverage)"
+        )
+    first = message.strip().splitlines()[0] if message.strip() else "unknown error"
+    return NMTError(f"SentencePiece training failed: {first}")
+
+
+def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path) -> None:
+    """Train to a temporary prefix beside ``model_path``, then rename into place.
+
+    The rename is what makes a model visible for reuse, so an interrupted run leaves no
+    half-written ``.model`` behind.
+    """
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    final_prefix = model_path.with_suffix("")
+    tmp_prefix = model_path.parent / f".{final_prefix.name}.tmp{os.getpid()}"
+    nonempty: Iterator[str] = (s for s in sentences if s)
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=nonempty,
+            model_prefix=str(tmp_prefix),
+            model_type=cfg.type,
+            vocab_size=cfg.vocab_size,
+            character_coverage=cfg.character_coverage,
+            input_sentence_size=cfg.input_sentence_size,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            minloglevel=2,
+        )
+        # vocab first: the .model file appearing is the signal that training finished.
+        os.replace(f"{tmp_prefix}.vocab", f"{final_prefix}.vocab")
+        os.replace(f"{tmp_prefix}.model", model_path)
+    except RuntimeError as e:
+        raise _vocab_error(str(e), cfg.vocab_size) from None
+    finally:
+        for leftover in (Path(f"{tmp_prefix}.model"), Path(f"{tmp_prefix}.vocab")):
+            leftover.unlink(missing_ok=True)
+
+
+def train_or_load_tokenizers(
+    cfg: TokenizerConfig,
+    src_lines: list[str],
+    trg_lines: list[str],
+    out_dir: Path,
+    src_lang: str,
+    trg_lang: str,
+) -> tuple[Tokenizer, Tokenizer]:
+    """Reuse the model file(s) in ``out_dir`` if present, else train them from the given text."""
+    out_dir = Path(out_dir)
+    src_path, trg_path = tokenizer_paths(out_dir, cfg.joint, src_lang, trg_lang)
+    if cfg.joint:
+        if not src_path.exists():
+            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path)
+        joint = Tokenizer.load(src_path)
+        return joint, joint
+    for path, lines in ((src_path, src_lines), (trg_path, trg_lines)):
+        if not path.exists():
+            _train_model(cfg, lines, path)
+    return Tokenizer.load(src_path), Tokenizer.load(trg_path)

@@ -1,0 +1,119 @@
+"""Translation: load a finished run, batch sentences by length, search, detokenize in input order."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from nmt import checkpoint
+from nmt.batching import make_batch, sentence_batches
+from nmt.config import Config, DecodeConfig, load_config
+from nmt.device import Precision, resolve
+from nmt.errors import NMTError
+from nmt.models import build_model
+from nmt.models.base import Seq2Seq
+from nmt.search import beam_search, greedy_search
+from nmt.tokenizer import Tokenizer, load_tokenizers
+
+
+@dataclass
+class Translator:
+    """A model with its tokenizers, ready to translate text."""
+
+    model: Seq2Seq
+    src_tok: Tokenizer
+    trg_tok: Tokenizer
+    device: torch.device
+    precision: Precision
+
+    def translate_ids(
+        self,
+        src_ids: list[list[int]],
+        decode: DecodeConfig,
+        progress: Callable[[int], None] | None = None,
+    ) -> list[list[tuple[list[int], float]]]:
+        """N-best (ids, score) per sentence, in input order."""
+        was_training = self.model.training
+        self.model.eval()
+        tok = self.trg_tok
+        results: list[list[tuple[list[int], float]]] = [[] for _ in src_ids]
+        # Room for the EOS the batch appends, and never past the model's positions.
+        max_src = getattr(self.model, "max_positions", 1 << 30) - 1
+        src_ids = [s[:max_src] for s in src_ids]
+        lengths = [len(s) + 1 for s in src_ids]
+        with torch.inference_mode(), self.precision.autocast():
+            for rows in sentence_batches(lengths, decode.batch_tokens):
+                batch = make_batch([src_ids[i] for i in rows], None, rows, tok.pad_id, tok.bos_id, tok.eos_id)
+                batch = batch.to(self.device)
+                if decode.beam_size == 1 and decode.nbest == 1:
+                    src_len = batch.src_mask.sum(1) - 1
+                    max_len = (decode.max_len_a * src_len.float() + decode.max_len_b).long()
+                    hyps = greedy_search(self.model, batch.src, batch.src_mask, max_len, tok.bos_id, tok.eos_id)
+                    nbest = [[(h, 0.0)] for h in hyps]
+                else:
+                    nbest = beam_search(
+                        self.model,
+                        batch.src,
+                        batch.src_mask,
+                        beam_size=max(decode.beam_size, decode.nbest),
+                        length_penalty=decode.length_penalty,
+                        max_len_a=decode.max_len_a,
+                        max_len_b=decode.max_len_b,
+                        bos_id=tok.bos_id,
+                        eos_id=tok.eos_id,
+                        pad_id=tok.pad_id,
+                        nbest=decode.nbest,
+                    )
+                for row, hyps in zip(rows, nbest):
+                    results[row] = hyps
+                if progress is not None:
+                    progress(len(rows))
+        self.model.train(was_training)
+        return results
+
+    def translate(
+        self, lines: list[str], decode: DecodeConfig, progress: Callable[[int], None] | None = None
+    ) -> list[list[str]]:
+        """Detokenized n-best translations per input line, in input order."""
+        src_ids = self.src_tok.encode(lines)
+        nbest = self.translate_ids(src_ids, decode, progress)
+        flat = [ids for hyps in nbest for ids, _ in hyps]
+        texts = self.trg_tok.decode(flat)
+        out, i = [], 0
+        for hyps in nbest:
+            out.append(texts[i : i + len(hyps)])
+            i += len(hyps)
+        return out
+
+
+def load_run_config(run_dir: Path) -> Config:
+    if not run_dir.exists():
+        raise NMTError(f"{run_dir}: no such run directory")
+    if not run_dir.is_dir():
+        raise NMTError(f"{run_dir}: is not a directory (expected a run directory made by 'nmt train')")
+    path = run_dir / "config.yaml"
+    if not path.exists():
+        raise NMTError(f"{run_dir}: not a run directory (no config.yaml): train one with 'nmt train --config FILE'")
+    return load_config(path)
+
+
+def load_translator(run_dir: Path, device_name: str = "auto", precision_name: str | None = None) -> Translator:
+    """Load a run's best checkpoint (or, failing that, its latest) for translation."""
+    cfg = load_run_config(run_dir)
+    manager = checkpoint.CheckpointManager(run_dir / "checkpoints", cfg.train.keep_last, cfg.train.keep_best)
+    path = manager.best_path()
+    if path is None:
+        latest = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
+        if not latest:
+            raise NMTError(f"{run_dir}: the run has no checkpoint yet: it is not a finished run")
+        path = latest[0].path
+    payload = checkpoint.load(path)
+    src_tok, trg_tok = load_tokenizers(run_dir, cfg.tokenizer.joint, cfg.data.src_lang, cfg.data.trg_lang)
+    device, precision = resolve(device_name, precision_name or cfg.train.precision)
+    model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
+    model.load_state_dict(payload["model"])
+    model.to(device).eval()
+    return Translator(model, src_tok, trg_tok, device, precision)

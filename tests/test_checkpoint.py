@@ -1,0 +1,103 @@
+"""Checkpoints: atomic writes, corruption detection, refusal of pickled code, retention."""
+
+import os
+import pickle
+
+import pytest
+import torch
+
+from nmt import checkpoint
+from nmt.errors import NMTError
+
+
+def payload(value: float) -> dict:
+    return {"model": {"w": torch.full((3, 3), value)}, "progress": {"update": int(value)}}
+
+
+def test_roundtrip(tmp_path):
+    path = tmp_path / "update_00000001.pt"
+    checkpoint.save(payload(1.0), path)
+    loaded = checkpoint.load(path)
+    assert torch.equal(loaded["model"]["w"], torch.full((3, 3), 1.0))
+    assert loaded["progress"]["update"] == 1
+
+
+def test_crash_between_write_and_rename_keeps_previous(tmp_path, monkeypatch):
+    path = tmp_path / "update_00000001.pt"
+    checkpoint.save(payload(1.0), path)
+
+    def crash(tmp):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(checkpoint, "_before_rename", crash)
+    with pytest.raises(NMTError, match="could not write checkpoint.*previous one is intact"):
+        checkpoint.save(payload(2.0), path)
+    assert checkpoint.load(path)["progress"]["update"] == 1
+    assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
+
+
+def test_truncated_checkpoint_detected(tmp_path):
+    path = tmp_path / "update_00000001.pt"
+    checkpoint.save(payload(1.0), path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    with pytest.raises(NMTError, match="corrupted or truncated"):
+        checkpoint.load(path)
+    # Without the sidecar the zip reader must still notice.
+    path.with_name(path.name + ".sha256").unlink()
+    with pytest.raises(NMTError, match="unreadable"):
+        checkpoint.load(path)
+
+
+class _Exploit:
+    def __reduce__(self):
+        return (os.system, ("touch EXPLOITED",))
+
+
+def test_malicious_checkpoint_refused(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "update_00000001.pt"
+    torch.save({"format": checkpoint.FORMAT, "model": _Exploit()}, path)
+    with pytest.raises(NMTError, match="refused"):
+        checkpoint.load(path)
+    assert not (tmp_path / "EXPLOITED").exists()
+    # A raw pickle (not a torch zip) with the same trick.
+    path.write_bytes(pickle.dumps(_Exploit(), protocol=2))
+    with pytest.raises(NMTError):
+        checkpoint.load(path)
+    assert not (tmp_path / "EXPLOITED").exists()
+
+
+def test_manager_keeps_last_k_and_best_n(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=2)
+    for u in (1, 2, 3, 4):
+        m.save_state(payload(float(u)), u)
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "update")] == [4, 3]
+    assert m.save_best(payload(1.0), 1, score=10.0)
+    assert m.save_best(payload(2.0), 2, score=30.0)
+    assert not m.save_best(payload(3.0), 3, score=5.0)  # worse than both kept
+    assert m.save_best(payload(4.0), 4, score=20.0)
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [4, 2]
+    assert m.best_path().name == "best_00000002.pt"
+
+
+def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    m.save_state(payload(1.0), 1)
+    m.save_state(payload(2.0), 2)
+    newest = tmp_path / "update_00000002.pt"
+    newest.write_bytes(newest.read_bytes()[:100])
+    warnings = []
+    state = m.load_latest_state(warnings.append)
+    assert state["progress"]["update"] == 1
+    assert len(warnings) == 1 and "update_00000002.pt" in warnings[0]
+
+
+def test_rng_state_roundtrip():
+    import random
+
+    state = checkpoint.rng_state()
+    a = (random.random(), torch.rand(3))
+    checkpoint.set_rng_state(state)
+    b = (random.random(), torch.rand(3))
+    assert a[0] == b[0] and torch.equal(a[1], b[1])

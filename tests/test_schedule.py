@@ -1,0 +1,42 @@
+"""Learning-rate values at chosen steps, against the formulas worked by hand."""
+
+import math
+
+import pytest
+
+from nmt.config import TrainConfig
+from nmt.schedule import learning_rate
+
+
+def test_inverse_sqrt():
+    cfg = TrainConfig(lr_peak=1e-3, warmup_updates=100, schedule="inverse_sqrt", max_updates=1000)
+    assert learning_rate(1, cfg) == pytest.approx(1e-5)
+    assert learning_rate(50, cfg) == pytest.approx(5e-4)
+    assert learning_rate(100, cfg) == pytest.approx(1e-3)
+    assert learning_rate(400, cfg) == pytest.approx(5e-4)  # 1e-3 * sqrt(100/400)
+    assert learning_rate(10000, cfg) == pytest.approx(1e-4)
+
+
+def test_inverse_sqrt_floor_and_no_warmup():
+    cfg = TrainConfig(lr_peak=1e-3, lr_min=3e-4, warmup_updates=0, schedule="inverse_sqrt", max_updates=10)
+    assert learning_rate(1, cfg) == pytest.approx(1e-3)
+    assert learning_rate(100, cfg) == pytest.approx(3e-4)  # 1e-4 would be below the floor
+
+
+def test_cosine():
+    cfg = TrainConfig(lr_peak=1.0, lr_min=0.1, warmup_updates=10, schedule="cosine", max_updates=110)
+    assert learning_rate(10, cfg) == pytest.approx(1.0)
+    assert learning_rate(60, cfg) == pytest.approx(0.1 + 0.9 * (1 + math.cos(math.pi * 0.5)) / 2)
+    assert learning_rate(110, cfg) == pytest.approx(0.1)
+    assert learning_rate(500, cfg) == pytest.approx(0.1)
+
+
+def test_linear_with_decay_updates():
+    cfg = TrainConfig(lr_peak=2.0, lr_min=0.0, warmup_updates=0, schedule="linear", decay_updates=100, max_updates=1000)
+    assert learning_rate(25, cfg) == pytest.approx(1.5)
+    assert learning_rate(100, cfg) == pytest.approx(0.0)
+
+
+def test_constant_after_warmup():
+    cfg = TrainConfig(lr_peak=0.5, warmup_updates=4, schedule="constant", max_updates=100)
+    assert [learning_rate(u, cfg) for u in (1, 2, 4, 50)] == pytest.approx([0.125, 0.25, 0.5, 0.5])
