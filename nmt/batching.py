@@ -92,10 +92,11 @@ def _greedy_cuts(sizes_sorted: np.ndarray, max_tokens: int) -> list[int]:
     """
     counts: list[int] = []
     start, n = 0, len(sizes_sorted)
+    row_counts = np.arange(1, min(n, max_tokens) + 1, dtype=np.int64)
     while start < n:
         capacity = max(1, max_tokens // int(sizes_sorted[start]))
         window = sizes_sorted[start : start + capacity]
-        padded_tokens = np.arange(1, len(window) + 1) * np.maximum.accumulate(window)
+        padded_tokens = row_counts[: len(window)] * np.maximum.accumulate(window)
         # padded_tokens is non-decreasing, so the rows that fit form a prefix.
         fits = int(np.count_nonzero(padded_tokens <= max_tokens))
         take = max(1, fits)  # a sentence over budget on its own still gets a batch
@@ -105,8 +106,32 @@ def _greedy_cuts(sizes_sorted: np.ndarray, max_tokens: int) -> list[int]:
 
 
 def _split(order: np.ndarray, counts: list[int]) -> list[list[int]]:
-    bounds = np.cumsum(counts)[:-1]
-    return [part.tolist() for part in np.split(order, bounds)] if counts else []
+    flat = order.tolist()  # one conversion, then cheap list slices (np.split is ~10x slower here)
+    batches = []
+    start = 0
+    for count in counts:
+        batches.append(flat[start : start + count])
+        start += count
+    return batches
+
+
+def _narrow(key: np.ndarray) -> np.ndarray:
+    """Smallest unsigned dtype holding ``key``: numpy's stable sort is a radix sort up to 16 bits."""
+    for dtype in (np.uint16, np.uint32):
+        if key.size == 0 or int(key.max()) <= np.iinfo(dtype).max:
+            return key.astype(dtype)
+    return key
+
+
+def _length_order(src: np.ndarray, trg: np.ndarray, tie_seed: int | None) -> np.ndarray:
+    """Indices sorted by (trg, src); ties in random order for a seed, by index otherwise."""
+    key = _narrow(trg * (int(src.max()) + 1) + src)  # (trg, src) lexicographic as one integer
+    if tie_seed is None:
+        return np.argsort(key, kind="stable")
+    # LSD radix: order by random noise first, then stably by length; far faster than lexsort.
+    noise = np.random.default_rng(tie_seed).integers(0, 2**16, size=key.size, dtype=np.uint16)
+    by_noise = np.argsort(noise, kind="stable")
+    return by_noise[np.argsort(key[by_noise], kind="stable")]
 
 
 def _seed_for(seed: int, epoch: int) -> int:
@@ -128,11 +153,7 @@ def token_batches(
         raise ValueError(f"token_batches: {src.size} source but {trg.size} target lengths")
     if src.size == 0:
         return []
-    if seed is None:
-        tie_break = np.arange(src.size)
-    else:
-        tie_break = np.random.default_rng(_seed_for(seed, epoch)).permutation(src.size)
-    order = np.lexsort((tie_break, src, trg))  # last key is the primary one
+    order = _length_order(src, trg, None if seed is None else _seed_for(seed, epoch))
     sizes = np.maximum(src, trg)[order]
     batches = _split(order, _greedy_cuts(sizes, max_tokens))
     if seed is not None:
@@ -148,7 +169,7 @@ def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     sizes = np.asarray(lengths, dtype=np.int64) + _SPECIALS_PER_SIDE
     if sizes.size == 0:
         return []
-    order = np.argsort(sizes, kind="stable")
+    order = np.argsort(_narrow(sizes), kind="stable")
     return _split(order, _greedy_cuts(sizes[order], max_tokens))
 
 

@@ -101,6 +101,9 @@ def _write_output(path: str | None, lines: list[str]) -> None:
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
+    from nmt.translate import load_run_config
+
+    load_run_config(Path(args.model))  # a wrong run directory is reported before reading any input
     lines = _read_input(args.input)
     outputs = _translate_lines(args, lines)
     if args.nbest and args.nbest > 1:

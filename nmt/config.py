@@ -261,6 +261,11 @@ def _check_consistency(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
     if m.type == "transformer" and m.d_model % m.heads:
         raise NMTError(f"config key 'model.heads': d_model {m.d_model} is not divisible by {m.heads} heads")
+    if m.type == "rnn" and m.attention == "dot" and m.rnn_bidirectional:
+        raise NMTError(
+            "config key 'model.attention': 'dot' needs equal query and key sizes; "
+            "use 'general' or 'mlp' with a bidirectional encoder, or set model.rnn_bidirectional: false"
+        )
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:

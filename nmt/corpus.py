@@ -117,31 +117,34 @@ def _is_tsv(path: str) -> bool:
 
 
 def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else type(error).__name__
+    # datasets' build errors say only "An error occurred while generating the dataset"; the cause says why.
+    cause = error.__cause__ if error.__cause__ is not None else error
+    text = str(cause).strip()
+    return text.splitlines()[0] if text else type(cause).__name__
 
 
 def _hub_load(spec: CorpusConfig) -> Any:
     """``load_dataset`` from the hub, turning its network and lookup failures into one-line errors."""
     import datasets
-    from datasets.exceptions import DatasetNotFoundError
+    from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
     where = f"hub dataset '{spec.path}'" + (f" (config '{spec.hf_config}')" if spec.hf_config else "")
     try:
         return datasets.load_dataset(spec.path, spec.hf_config, split=spec.split)
     except DatasetNotFoundError:
         raise NMTError(f"{where}: not found on the Hugging Face Hub, and no local corpus of that name") from None
+    except DatasetsError as e:  # before OSError: some of these are FileNotFoundError subclasses
+        raise NMTError(f"{where}: {_first_line(e)}") from None
     except (ConnectionError, TimeoutError, OSError) as e:
         # datasets/huggingface_hub wrap offline mode, DNS and HTTP failures into these.
-        raise NMTError(
-            f"{where}: could not be downloaded; the machine seems offline ({_first_line(e)})"
-        ) from None
+        raise NMTError(f"{where}: could not be downloaded; the machine seems offline ({_first_line(e)})") from None
     except ValueError as e:  # unknown config or split
         raise NMTError(f"{where}: {_first_line(e)}") from None
 
 
 def _local_load(path: Path, spec: CorpusConfig) -> Any:
     import datasets
+    from datasets.exceptions import DatasetsError
 
     try:
         if any((path / marker).exists() for marker in _SAVED_DATASET_MARKERS):
@@ -155,7 +158,7 @@ def _local_load(path: Path, spec: CorpusConfig) -> Any:
         return datasets.load_dataset(str(path), spec.hf_config, split=spec.split)
     except NMTError:
         raise
-    except (ValueError, OSError) as e:
+    except (DatasetsError, ValueError, OSError) as e:
         raise NMTError(f"{path}: cannot load as a dataset: {_first_line(e)}") from None
 
 
@@ -169,6 +172,14 @@ def _arrow_strings(column: Any) -> list[str]:
     return pc.fill_null(column, "").to_pylist()
 
 
+def _struct_keys(arrow_type: Any) -> list[str]:
+    import pyarrow as pa
+
+    if not pa.types.is_struct(arrow_type):
+        return []
+    return [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
+
+
 def _dataset_columns(table: Any, spec: CorpusConfig, src_lang: str, trg_lang: str) -> tuple[list[str], list[str]]:
     import pyarrow.compute as pc
 
@@ -177,7 +188,7 @@ def _dataset_columns(table: Any, spec: CorpusConfig, src_lang: str, trg_lang: st
     sides = []
     if uses_translation:
         column = table.column("translation")
-        keys = [column.type.field(i).name for i in range(column.type.num_fields)] if hasattr(column.type, "field") else []
+        keys = _struct_keys(column.type)
         for lang in (src_lang, trg_lang):
             if lang not in keys:
                 raise NMTError(
@@ -187,9 +198,7 @@ def _dataset_columns(table: Any, spec: CorpusConfig, src_lang: str, trg_lang: st
     else:
         for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):
             if name not in names:
-                raise NMTError(
-                    f"{spec.path}: no column '{name}' (corpus {key}; available columns: {', '.join(names)})"
-                )
+                raise NMTError(f"{spec.path}: no column '{name}' (corpus {key}; available columns: {', '.join(names)})")
             sides.append(_arrow_strings(table.column(name)))
     return sides[0], sides[1]
 

@@ -15,6 +15,7 @@ import json
 import os
 import random
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,13 +75,18 @@ def _make_stem(rng: random.Random, onsets: str, vowels: str, codas: str, n_syll:
     return "".join(parts)
 
 
-def _fresh_stems(rng: random.Random, n: int, taken: set[str], style: tuple[str, str, str], forms) -> list[str]:
+Forms = Callable[[str], list[str]]
+
+
+def _fresh_stems(rng: random.Random, n: int, taken: set[str], style: tuple[str, str, str], forms: Forms) -> list[str]:
     """Draw n stems whose inflected forms collide with nothing already taken."""
     stems: list[str] = []
     while len(stems) < n:
         stem = _make_stem(rng, *style, n_syll=rng.choice((2, 2, 3)))
-        new = forms(stem)
-        if taken.isdisjoint(new) and len(set(new)) == len(new):
+        surface = forms(stem)
+        # The stem is reserved too, so no two words share a stem across word classes.
+        new = {stem, *surface}
+        if len(set(surface)) == len(surface) and taken.isdisjoint(new):
             taken.update(new)
             stems.append(stem)
     return stems
@@ -109,7 +115,7 @@ def build_lexicon(seed: int = LEXICON_SEED) -> Lexicon:
     def trg_verb(stem: str) -> list[str]:
         return [stem + end for end in TRG_VERB_END.values()]
 
-    def pairs(n: int, src_forms, trg_forms) -> list[tuple[str, str]]:
+    def pairs(n: int, src_forms: Forms, trg_forms: Forms) -> list[tuple[str, str]]:
         src = _fresh_stems(rng, n, src_taken, src_style, src_forms)
         trg = _fresh_stems(rng, n, trg_taken, trg_style, trg_forms)
         return list(zip(src, trg))

@@ -123,7 +123,7 @@ class MetricsLog:
 
 
 def _lengths(corpus: EncodedCorpus) -> tuple[list[int], list[int]]:
-    return [len(s) + 1 for s in corpus.src], [len(t) + 1 for t in corpus.trg]
+    return [len(s) for s in corpus.src], [len(t) for t in corpus.trg]
 
 
 def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision, device, smoothing: float) -> float:

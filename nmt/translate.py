@@ -43,7 +43,7 @@ class Translator:
         # Room for the EOS the batch appends, and never past the model's positions.
         max_src = getattr(self.model, "max_positions", 1 << 30) - 1
         src_ids = [s[:max_src] for s in src_ids]
-        lengths = [len(s) + 1 for s in src_ids]
+        lengths = [len(s) for s in src_ids]
         with torch.inference_mode(), self.precision.autocast():
             for rows in sentence_batches(lengths, decode.batch_tokens):
                 batch = make_batch([src_ids[i] for i in rows], None, rows, tok.pad_id, tok.bos_id, tok.eos_id)

@@ -21,7 +21,6 @@ feeding (h̃_{t-1} must exist before step t), or over all T positions in one cal
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Optional
 
 import torch
 from torch import nn
@@ -40,7 +39,7 @@ class RNNMemory:
     keys: torch.Tensor  # (B, S, *) attention.precompute_keys(outputs)
     mask: torch.Tensor  # (B, S) True at real tokens
     final_h: torch.Tensor  # (L_enc, B, H_enc) final encoder state per layer, [fwd; bwd]
-    final_c: Optional[torch.Tensor]  # (L_enc, B, H_enc) final LSTM cell; None for GRU
+    final_c: torch.Tensor | None  # (L_enc, B, H_enc) final LSTM cell; None for GRU
 
     def index_select(self, index: torch.Tensor) -> RNNMemory:
         return RNNMemory(
@@ -58,7 +57,7 @@ class RNNState:
 
     memory: RNNMemory
     hidden: torch.Tensor  # (L_dec, N, H) decoder RNN hidden state
-    cell: Optional[torch.Tensor]  # (L_dec, N, H) LSTM cell; None for GRU
+    cell: torch.Tensor | None  # (L_dec, N, H) LSTM cell; None for GRU
     feed: torch.Tensor  # (N, H) previous attentional vector h̃ (zeros before the first step)
     step: int  # target tokens consumed so far
 
@@ -88,6 +87,7 @@ class RNNSeq2Seq(Seq2Seq):
     def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
         super().__init__()
         self.pad_id = pad_id
+        self.hidden_size = cfg.rnn_hidden
         self.cell_type = cfg.rnn_cell
         self.input_feeding = cfg.input_feeding
         self.encoder_layers, self.decoder_layers = cfg.encoder_layers, cfg.decoder_layers
@@ -174,7 +174,7 @@ class RNNSeq2Seq(Seq2Seq):
         if self.bridge_c is not None:
             cell = torch.stack([torch.tanh(w(memory.final_c[j])) for w, j in zip(self.bridge_c, source_layer)])
         batch = memory.outputs.size(0)
-        feed = memory.outputs.new_zeros(batch, self.combine.out_features)  # (N, H)
+        feed = memory.outputs.new_zeros(batch, self.hidden_size)  # (N, H)
         return RNNState(memory, hidden, cell, feed, step=0)  # hidden, cell: (L_dec, N, H)
 
     # ---- decoder ----

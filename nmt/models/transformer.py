@@ -6,20 +6,22 @@
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V         (per head, h heads)
     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
 
-Attention goes through ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU).
+Attention goes through ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU), except
+the few-query attention of a decoding step on CPU (see ``attention``).
 Masks are boolean and True where attention is allowed, as SDPA expects; the only masks are
 key-padding masks over the source (every source row has a real key: its EOS) and the causal
 mask of the decoder, so no softmax row is ever fully masked and padding never yields NaN.
 
 Incremental decoding keeps, per decoder layer, the cross-attention keys/values (computed once
 per sentence by ``init_state``) and the self-attention keys/values of the prefix, grown by one
-position a step (``torch.cat``; see ``DecoderState``).
+position a step (a fresh buffer each step, measured faster on CPU than preallocating, since beam
+search must gather the rows anyway; see ``DecoderState`` and ``select_and_append``).
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import torch.nn.functional as F
@@ -62,6 +64,40 @@ def split_heads(x: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, 
     return x.view(B, T, parts, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
 
+def select_and_append(cache: torch.Tensor, index: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """cat([cache[index], new], dim=2): cache (N, H, t, hd), index (N',) or None, new (N', H, 1, hd).
+
+    -> (N', H, t+1, hd), contiguous. With an index the rows are gathered straight into the grown
+    buffer: one pass over the cache instead of two (index_select, then cat); beam search
+    reorders the cache every step.
+    """
+    if index is None:
+        return torch.cat([cache, new], dim=2)
+    N, H, t, hd = new.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
+    out = cache.new_empty(N, H, t + 1, hd)
+    torch.index_select(cache, 0, index, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
+
+
+def attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout: float = 0.0,
+    causal: bool = False,
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(hd) + mask) V: q (B, H, Tq, hd), k and v (B, H, Tk, hd) -> (B, H, Tq, hd).
+
+    Fused SDPA, except for the few queries of a decoding step on CPU, where the fused kernel's
+    per-(row, head) overhead dominates (measured 3-5x slower than two batched matmuls for 1
+    query x 30 keys, fp32 and bf16); the explicit form takes the softmax in fp32.
+    """
+    if q.device.type == "cpu" and q.shape[-2] <= 8 and not causal and dropout == 0.0:
+        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf"))
+        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+
+
 def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, H, T, hd) -> (B, T, H*hd)."""
     B, H, T, hd = x.shape
@@ -69,6 +105,8 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
 
 
 # ---------------------------------------------------------------------------- sublayers
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, H, T, hd)
 
 
 class SelfAttention(nn.Module):
@@ -83,18 +121,21 @@ class SelfAttention(nn.Module):
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, hd)
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p, is_causal=causal)
+        y = attention(q, k, v, mask, p, causal)  # (B, H, T, hd)
         return self.out(merge_heads(y))  # (B, T, D)
 
-    def step(self, x: torch.Tensor, cache: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """One new position x (N, 1, D) attending to the cached prefix; cache (N, t, 2D) -> (N, t+1, 2D)."""
-        qkv = self.qkv(x)  # (N, 1, 3D)
-        D = self.d_model
-        kv = qkv[..., D:] if cache is None else torch.cat([cache, qkv[..., D:]], dim=1)  # (N, t+1, 2D)
-        (q,) = split_heads(qkv[..., :D], 1, self.heads)  # (N, H, 1, hd)
-        k, v = split_heads(kv, 2, self.heads)  # (N, H, t+1, hd)
-        y = F.scaled_dot_product_attention(q, k, v)  # the new position sees the whole prefix
-        return self.out(merge_heads(y)), kv
+    def step(self, x: torch.Tensor, cache: KV | None, index: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+        """One new position x (N, 1, D) attending to the prefix: cache[index] (N, H, t, hd) -> (N, H, t+1, hd).
+
+        The caches are head-major and contiguous, so the attention matmuls read them in place.
+        """
+        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (N, H, 1, hd)
+        if cache is None:
+            k, v = k.contiguous(), v.contiguous()
+        else:
+            k, v = select_and_append(cache[0], index, k), select_and_append(cache[1], index, v)  # (N, H, t+1, hd)
+        y = attention(q, k, v)  # (N, H, 1, hd): the new position sees the whole prefix
+        return self.out(merge_heads(y)), (k, v)
 
 
 class CrossAttention(nn.Module):
@@ -107,15 +148,16 @@ class CrossAttention(nn.Module):
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
-    def project_memory(self, memory: torch.Tensor) -> torch.Tensor:
-        """Encoder output (B, S, D) -> keys and values (B, S, 2D); once per sentence."""
-        return self.kv(memory)
+    def project_memory(self, memory: torch.Tensor) -> KV:
+        """Encoder output (B, S, D) -> keys and values, views (B, H, S, hd); once per sentence."""
+        k, v = split_heads(self.kv(memory), 2, self.heads)
+        return k, v
 
-    def forward(self, x: torch.Tensor, memory_kv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory_kv: KV, mask: torch.Tensor) -> torch.Tensor:
         (q,) = split_heads(self.q(x), 1, self.heads)  # (B, H, T, hd)
-        k, v = split_heads(memory_kv, 2, self.heads)  # (B, H, S, hd)
+        k, v = memory_kv  # (B, H, S, hd)
         p = self.dropout if self.training else 0.0
-        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)
+        y = attention(q, k, v, mask, p)  # (B, H, T, hd)
         return self.out(merge_heads(y))  # (B, T, D)
 
 
@@ -154,6 +196,42 @@ class Residual(nn.Module):
 # ---------------------------------------------------------------------------- layers
 
 
+@dataclass
+class EncoderOutput:
+    states: torch.Tensor  # (B, S, D)
+    mask: torch.Tensor  # (B, 1, 1, S) bool key-padding mask, True at real tokens
+
+
+@dataclass
+class DecoderState:
+    """Everything one decoding step needs, for N hypotheses of n sentences.
+
+    The cross-attention keys/values are kept once per SENTENCE (n rows), not per hypothesis:
+    beam reordering never copies them, ``memory_rows`` says which sentence each hypothesis
+    reads. When the hypotheses of each sentence are g consecutive rows (always so in beam
+    search), ``group`` = g and the g queries of a sentence attend to its memory together.
+    The self-attention caches are reordered lazily: ``reorder_state`` only composes
+    ``self_index``, the next step gathers the rows while appending the new position.
+    """
+
+    memory_kv: list[KV]  # per decoder layer: cross-attention keys, values (n, H, S, hd)
+    memory_mask: torch.Tensor  # (n, 1, 1, S) bool
+    memory_rows: torch.Tensor  # (N,) long, the memory row of each hypothesis
+    group: int  # g if memory_rows == [0]*g + [1]*g + ... + [n-1]*g, else 0
+    self_kv: list[KV | None]  # per decoder layer: self-attention keys, values (N0, H, t, hd); None at t=0
+    self_index: torch.Tensor | None  # (N,) rows of self_kv the hypotheses continue (a pending reorder) or None
+    step: int = 0  # t: the position of the next input token
+
+
+def group_size(rows: torch.Tensor, n: int) -> int:
+    """g if ``rows`` (N,) is arange(n) with each entry repeated g times in place, else 0."""
+    N = rows.numel()
+    if n == 0 or N % n:
+        return 0
+    g = N // n
+    return g if torch.equal(rows, torch.arange(n, device=rows.device).repeat_interleave(g)) else 0
+
+
 class EncoderLayer(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -179,41 +257,31 @@ class DecoderLayer(nn.Module):
         self.res_cross = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ff = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: torch.Tensor, memory_kv: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor) -> torch.Tensor:
         """Teacher forcing over the whole prefix: x (B, T, D), causal self-attention."""
         x = self.res_self.exit(x, self.self_attn(self.res_self.enter(x), causal=True))
         return self._cross_and_ff(x, memory_kv, memory_mask)
 
-    def step(
-        self, x: torch.Tensor, memory_kv: torch.Tensor, memory_mask: torch.Tensor, cache: torch.Tensor | None
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One position x (N, 1, D) with the self-attention cache of the prefix; returns the grown cache."""
-        h, cache = self.self_attn.step(self.res_self.enter(x), cache)
+    def step(self, x: torch.Tensor, state: DecoderState, i: int) -> tuple[torch.Tensor, KV]:
+        """One position x (N, 1, D), layer ``i`` of ``state``; returns the output and the grown self cache."""
+        h, cache = self.self_attn.step(self.res_self.enter(x), state.self_kv[i], state.self_index)
         x = self.res_self.exit(x, h)
-        return self._cross_and_ff(x, memory_kv, memory_mask), cache
+        memory_kv, mask = state.memory_kv[i], state.memory_mask
+        if not state.group:  # arbitrary rows: gather a memory copy per hypothesis
+            rows = state.memory_rows
+            memory_kv, mask = (memory_kv[0][rows], memory_kv[1][rows]), mask.index_select(0, rows)
+        return self._cross_and_ff(x, memory_kv, mask, state.group), cache
 
-    def _cross_and_ff(self, x: torch.Tensor, memory_kv: torch.Tensor, memory_mask: torch.Tensor) -> torch.Tensor:
-        x = self.res_cross.exit(x, self.cross_attn(self.res_cross.enter(x), memory_kv, memory_mask))
+    def _cross_and_ff(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, group: int = 0):
+        """group g > 0: x (n*g, 1, D) holds g consecutive queries per memory row, attending as (n, g, D)."""
+        h = self.res_cross.enter(x)
+        if group:
+            h = h.view(memory_mask.shape[0], group, -1)  # (n, g, D): one sentence's hypotheses share its memory
+        x = self.res_cross.exit(x, self.cross_attn(h, memory_kv, memory_mask).view_as(x))
         return self.res_ff.exit(x, self.ff(self.res_ff.enter(x)))
 
 
 # ---------------------------------------------------------------------------- model
-
-
-@dataclass
-class EncoderOutput:
-    states: torch.Tensor  # (B, S, D)
-    mask: torch.Tensor  # (B, 1, 1, S) bool key-padding mask, True at real tokens
-
-
-@dataclass
-class DecoderState:
-    """Everything one decoding step needs; every tensor has the hypotheses on dim 0."""
-
-    memory_kv: list[torch.Tensor]  # per decoder layer: cross-attention keys|values (N, S, 2D), fixed
-    self_kv: list[torch.Tensor | None]  # per decoder layer: self-attention keys|values (N, t, 2D); None at t=0
-    memory_mask: torch.Tensor  # (N, 1, 1, S) bool
-    step: int = 0  # t: the position of the next input token
 
 
 class Transformer(Seq2Seq):
@@ -294,28 +362,36 @@ class Transformer(Seq2Seq):
         return self.project(self.decoder_norm(x))  # (B, T, V)
 
     def init_state(self, memory: EncoderOutput) -> DecoderState:
-        memory_kv = [layer.cross_attn.project_memory(memory.states) for layer in self.decoder]
-        return DecoderState(memory_kv, [None] * len(self.decoder), memory.mask, 0)
+        memory_kv = [  # once per sentence; contiguous so that every step's matmuls read them in place
+            tuple(t.contiguous() for t in layer.cross_attn.project_memory(memory.states)) for layer in self.decoder
+        ]
+        rows = torch.arange(memory.states.shape[0], device=memory.states.device)
+        return DecoderState(memory_kv, memory.mask, rows, 1, [None] * len(self.decoder), None, 0)
 
     def decode_step(self, prev_tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
         x = self.embed(self.trg_embed, prev_tokens[:, None], start=state.step)  # (N, 1, D)
         self_kv = []
-        for layer, memory_kv, cache in zip(self.decoder, state.memory_kv, state.self_kv):
-            x, cache = layer.step(x, memory_kv, state.memory_mask, cache)
+        for i, layer in enumerate(self.decoder):
+            x, cache = layer.step(x, state, i)
             self_kv.append(cache)
-        logits = self.project(self.decoder_norm(x[:, 0]))  # (N, V)
-        return logits, DecoderState(state.memory_kv, self_kv, state.memory_mask, state.step + 1)
+        logits = self.project(self.decoder_norm(x[:, 0]))  # (N, V): the only position computed
+        return logits, replace(state, self_kv=self_kv, self_index=None, step=state.step + 1)
 
     def reorder_state(self, state: DecoderState, index: torch.Tensor) -> DecoderState:
-        def pick(t: torch.Tensor | None) -> torch.Tensor | None:
-            return None if t is None else t.index_select(0, index)
-
-        return DecoderState(
-            [pick(kv) for kv in state.memory_kv],
-            [pick(kv) for kv in state.self_kv],
-            state.memory_mask.index_select(0, index),
-            state.step,
-        )
+        """Keep hypotheses ``index`` (N',): the self caches are gathered by the next step (lazily);
+        the per-sentence memory only drops sentences no hypothesis reads any more."""
+        rows = state.memory_rows.index_select(0, index)
+        used, rows = torch.unique(rows, return_inverse=True)  # (n',), (N',) renumbered 0..n'-1
+        memory_kv, mask = state.memory_kv, state.memory_mask
+        if used.numel() < mask.shape[0]:
+            memory_kv = [(k.index_select(0, used), v.index_select(0, used)) for k, v in memory_kv]
+            mask = mask.index_select(0, used)
+        if state.self_kv[0] is None:  # nothing cached yet
+            self_index = None
+        else:
+            self_index = index if state.self_index is None else state.self_index.index_select(0, index)
+        group = group_size(rows, used.numel())
+        return DecoderState(memory_kv, mask, rows, group, state.self_kv, self_index, state.step)
 
     # -- accounting
 

@@ -1,0 +1,199 @@
+"""End to end through the `nmt` command: overfit a handful of pairs to BLEU 100, score with
+sacreBLEU's own numbers, and turn every kind of bad input into a one-line error."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import yaml
+
+from nmt.cli import main
+
+PAIRS = [
+    ("der hund sieht die katze", "the dog sees the cat"),
+    ("die katze sieht den hund", "the cat sees the dog"),
+    ("ein kleiner hund schläft", "a small dog sleeps"),
+    ("die große katze läuft schnell", "the big cat runs fast"),
+    ("zwei hunde spielen im garten", "two dogs play in the garden"),
+    ("der mann liest ein buch", "the man reads a book"),
+    ("eine frau trinkt kaffee", "a woman drinks coffee"),
+    ("die kinder essen äpfel", "the children eat apples"),
+]
+
+
+def write_corpus(directory: Path, name: str, pairs) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.de").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (directory / f"{name}.en").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return directory / name
+
+
+def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Path:
+    prefix = write_corpus(tmp_path / "data", "train", PAIRS)
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix)},
+        "tokenizer": {"type": "bpe", "vocab_size": 60},
+        "model": {
+            "type": model_type, "d_model": 64, "ff_size": 128, "encoder_layers": 1, "decoder_layers": 1,
+            "heads": 4, "dropout": 0.0, "norm": "pre", "rnn_hidden": 64, "attention": "general",
+        },
+        "train": {
+            "max_tokens": 512, "lr_peak": 0.01, "warmup_updates": 10, "label_smoothing": 0.0,
+            "max_updates": 120, "validate_every": 60, "log_every": 20, "precision": "fp32", **train,
+        },
+        "decode": {"beam_size": 3, "max_len_a": 1.5, "max_len_b": 4},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("overfit")
+    config = tiny_config(tmp_path)
+    assert main(["train", "--config", str(config)]) == 0
+    return tmp_path
+
+
+def test_tiny_transformer_overfits_to_bleu_100(trained_run, capsys):
+    run = trained_run / "run"
+    src = trained_run / "data" / "train.de"
+    ref = trained_run / "data" / "train.en"
+    for name in ("config.yaml", "spm.model", "metrics.jsonl", "train.log"):
+        assert (run / name).exists(), name
+    code, out, err = run_cli(["eval-bleu", "--model", run, "--src", src, "--ref", ref, "--json"], capsys)
+    assert code == 0, err
+    assert json.loads(out)["bleu"] == pytest.approx(100.0)
+    code, out, _ = run_cli(["translate", "--model", run, "--input", src, "--beam-size", "1"], capsys)
+    assert code == 0
+    assert out.splitlines() == [t for _, t in PAIRS]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train_records = [r for r in records if r["type"] == "train"]
+    assert len(train_records) == 120 and train_records[-1]["loss"] < train_records[0]["loss"] / 5
+    assert any(r["type"] == "valid" and r["dev_bleu"] == pytest.approx(100.0) for r in records)
+
+
+def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
+    import io
+
+    run = trained_run / "run"
+    stdin = io.TextIOWrapper(io.BytesIO("der hund sieht die katze\n".encode()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, _ = run_cli(["translate", "--model", run, "--nbest", "3"], capsys)
+    assert code == 0
+    lines = out.splitlines()
+    assert len(lines) == 3 and all(line.startswith("0\t") for line in lines)
+    assert lines[0] == "0\tthe dog sees the cat"
+
+
+def test_train_again_resumes_and_stops(trained_run, capsys):
+    code, _, err = run_cli(["train", "--config", trained_run / "tiny.yaml"], capsys)
+    assert code == 0
+    assert "resuming at update 120" in err
+
+
+def test_eval_bleu_equals_sacrebleu(tmp_path, capsys):
+    hyps = ["the cat sat on the mat", "a dog runs in the park today", "hello world"]
+    refs1 = ["the cat sat on a mat", "a dog is running in the park", "hello there world"]
+    refs2 = ["there is a cat on the mat", "the dog runs in a park today", "hello world"]
+    for name, lines in (("hyp", hyps), ("r1", refs1), ("r2", refs2)):
+        (tmp_path / name).write_text("\n".join(lines) + "\n")
+    code, out, _ = run_cli(
+        ["eval-bleu", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "r1", "--ref", tmp_path / "r2", "--json"], capsys
+    )
+    assert code == 0
+    got = json.loads(out)
+    assert got["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs1, refs2]).score)
+    assert got["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs1, refs2]).score)
+    assert got["bleu_signature"].startswith("nrefs:2|case:mixed|eff:no|tok:13a|smooth:exp")
+    code, out, _ = run_cli(["eval-bleu", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "r1"], capsys)
+    assert code == 0 and "BLEU" in out and "chrF" in out and "nrefs:1" in out
+
+
+def _bad_inputs(tmp_path: Path):
+    """(name, argv, expected substring of the one-line error)."""
+    good = tiny_config(tmp_path)
+    data = tmp_path / "data"
+    cases = []
+
+    def config_with(name: str, text: str) -> Path:
+        p = tmp_path / f"{name}.yaml"
+        p.write_text(text)
+        return p
+
+    base = yaml.safe_load(good.read_text())
+
+    def variant(name, mutate):
+        cfg = yaml.safe_load(yaml.safe_dump(base))
+        cfg["run_dir"] = str(tmp_path / f"run_{name}")
+        mutate(cfg)
+        return config_with(name, yaml.safe_dump(cfg))
+
+    cases.append(("missing config", ["train", "--config", tmp_path / "nope.yaml"], "nope.yaml: no such config file"))
+    cases.append(("yaml syntax", ["train", "--config", config_with("syntax", "train: [1, 2\n")], "YAML does not parse"))
+    cases.append(("unknown key", ["train", "--config", variant("unk", lambda c: c["train"].update(max_update=3))],
+                  "did you mean 'train.max_updates'"))
+    cases.append(("wrong type", ["train", "--config", variant("type", lambda c: c["model"].update(d_model="big"))],
+                  "model.d_model': expected an integer"))
+    cases.append(("out of range", ["train", "--config", variant("range", lambda c: c["train"].update(label_smoothing=2))],
+                  "train.label_smoothing"))
+
+    (data / "short.de").write_text("a\nb\nc\n")
+    (data / "short.en").write_text("a\nb\n")
+    cases.append(("line counts differ",
+                  ["train", "--config", variant("counts", lambda c: c["data"].update(train=str(data / "short")))],
+                  "3"))
+    (data / "bad.de").write_bytes(b"gut\nschl\xffcht\n")
+    (data / "bad.en").write_text("good\nbad\n")
+    cases.append(("invalid utf-8",
+                  ["train", "--config", variant("utf8", lambda c: c["data"].update(train=str(data / "bad")))],
+                  "bad.de:2"))
+    (data / "empty.de").write_text("\n  \n")
+    (data / "empty.en").write_text("x\n\n")
+    cases.append(("empty after cleaning",
+                  ["train", "--config", variant("empty", lambda c: c["data"].update(train=str(data / "empty")))],
+                  "empty after cleaning"))
+    cases.append(("missing corpus",
+                  ["train", "--config", variant("nocorpus", lambda c: c["data"].update(train=str(data / "nothere")))],
+                  "nothere"))
+    cases.append(("translate non-run", ["translate", "--model", data, "--input", data / "train.de"],
+                  "not a run directory"))
+    cases.append(("translate missing run", ["translate", "--model", tmp_path / "norun", "--input", data / "train.de"],
+                  "no such run directory"))
+    cases.append(("eval-bleu missing hyp", ["eval-bleu", "--hyp", tmp_path / "none.txt", "--ref", data / "train.en"],
+                  "none.txt"))
+    (tmp_path / "two.txt").write_text("a\nb\n")
+    cases.append(("eval-bleu length mismatch", ["eval-bleu", "--hyp", tmp_path / "two.txt", "--ref", data / "train.en"],
+                  "has 8 lines but the hypotheses have 2"))
+    return cases
+
+
+def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
+    for name, argv, expected in _bad_inputs(tmp_path):
+        code, out, err = run_cli(argv, capsys)
+        lines = [line for line in err.splitlines() if "error" in line]
+        assert code != 0, name
+        assert "Traceback" not in err, name
+        assert len(lines) == 1 and expected in lines[0], f"{name}: {err!r}"
+
+
+def test_bad_input_exit_code_in_a_real_process(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "nmt.cli", "translate", "--model", str(tmp_path), "--input", "x"],
+        capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().count("\n") == 0 and "not a run directory" in result.stderr

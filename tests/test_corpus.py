@@ -1,0 +1,312 @@
+"""Reading parallel text in every supported format, and the cleaning/filter reports."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from nmt.config import CorpusConfig
+from nmt.corpus import (
+    clean_pairs,
+    describe_drops,
+    filter_by_length,
+    read_lines,
+    read_parallel,
+    resolve_format,
+)
+from nmt.errors import NMTError
+
+DE = ["Guten Morgen", "Das Haus ist klein .", "Über allen Gipfeln"]
+EN = ["Good morning", "The house is small .", "Over all the peaks"]
+
+
+def _write(path: Path, lines: list[str], *, gz: bool = False) -> Path:
+    data = ("\n".join(lines) + "\n").encode("utf-8")
+    if gz:
+        with gzip.open(path, "wb") as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path
+
+
+def _one_line(error: pytest.ExceptionInfo) -> str:
+    message = str(error.value)
+    assert "\n" not in message
+    return message
+
+
+# --------------------------------------------------------------------------- read_lines
+
+
+def test_read_lines_plain_and_gzip_agree(tmp_path):
+    _write(tmp_path / "a.txt", DE)
+    _write(tmp_path / "a.txt.gz", DE, gz=True)
+    assert read_lines(tmp_path / "a.txt") == DE
+    assert read_lines(tmp_path / "a.txt.gz") == DE
+
+
+def test_read_lines_strips_bom_and_crlf(tmp_path):
+    path = tmp_path / "bom.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + b"eins\r\nzwei\r\n\r\ndrei")
+    assert read_lines(path) == ["eins", "zwei", "", "drei"]
+
+
+def test_read_lines_keeps_unicode_line_separators_inside_a_line(tmp_path):
+    # U+2028 / U+0085 inside a sentence must not split it (would misalign parallel files).
+    path = _write(tmp_path / "sep.txt", ["a\u2028b", "c\x85d"])
+    assert read_lines(path) == ["a\u2028b", "c\x85d"]
+
+
+def test_read_lines_empty_file(tmp_path):
+    (tmp_path / "empty.txt").write_bytes(b"")
+    assert read_lines(tmp_path / "empty.txt") == []
+
+
+def test_invalid_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "bad.de"
+    path.write_bytes(b"ok\nalso ok\nbroken \xff\xfe here\n")
+    with pytest.raises(NMTError) as err:
+        read_lines(path)
+    assert _one_line(err) == f"{path}:3: not valid UTF-8"
+
+
+def test_invalid_utf8_in_gzip_names_line(tmp_path):
+    path = tmp_path / "bad.de.gz"
+    with gzip.open(path, "wb") as f:
+        f.write(b"one\ntwo \xc3\n")
+    with pytest.raises(NMTError, match=r"bad\.de\.gz:2: not valid UTF-8"):
+        read_lines(path)
+
+
+def test_missing_file_and_directory(tmp_path):
+    with pytest.raises(NMTError) as err:
+        read_lines(tmp_path / "nope.txt")
+    assert str(tmp_path / "nope.txt") in _one_line(err)
+    with pytest.raises(NMTError) as err:
+        read_lines(tmp_path)
+    assert "directory" in _one_line(err) and str(tmp_path) in str(err.value)
+
+
+def test_corrupt_gzip(tmp_path):
+    path = tmp_path / "x.gz"
+    path.write_bytes(b"this is not gzip")
+    with pytest.raises(NMTError, match="gzip"):
+        read_lines(path)
+
+
+def test_permission_denied_message(tmp_path, monkeypatch):
+    # Exercised even as root, where chmod 000 does not stop reads.
+    path = _write(tmp_path / "locked.txt", DE)
+
+    def deny(self):
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", deny)
+    with pytest.raises(NMTError) as err:
+        read_lines(path)
+    assert _one_line(err) == f"{path}: permission denied"
+
+
+def test_permission_denied(tmp_path):
+    path = _write(tmp_path / "secret.txt", DE)
+    path.chmod(0)
+    try:
+        if os.access(path, os.R_OK):
+            pytest.skip("running with privileges that ignore file permissions")
+        with pytest.raises(NMTError) as err:
+            read_lines(path)
+        assert "permission denied" in _one_line(err) and str(path) in str(err.value)
+    finally:
+        path.chmod(0o644)
+
+
+# --------------------------------------------------------------------------- plain and TSV corpora
+
+
+def test_plain_prefix_with_mixed_gzip(tmp_path):
+    _write(tmp_path / "train.de", DE)
+    _write(tmp_path / "train.en.gz", EN, gz=True)
+    spec = CorpusConfig(path=str(tmp_path / "train"))
+    assert resolve_format(spec, "de", "en") == "plain"
+    assert read_parallel(spec, "de", "en") == (DE, EN)
+
+
+def test_plain_max_pairs(tmp_path):
+    _write(tmp_path / "c.de", DE)
+    _write(tmp_path / "c.en", EN)
+    src, trg = read_parallel(CorpusConfig(path=str(tmp_path / "c"), max_pairs=2), "de", "en")
+    assert (src, trg) == (DE[:2], EN[:2])
+
+
+def test_line_count_mismatch_names_both_files_and_counts(tmp_path):
+    _write(tmp_path / "c.de", DE)
+    _write(tmp_path / "c.en", EN[:2])
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "c")), "de", "en")
+    message = _one_line(err)
+    assert f"{tmp_path / 'c.de'} has 3 lines" in message
+    assert f"{tmp_path / 'c.en'} has 2" in message
+
+
+def test_missing_target_side_names_file(tmp_path):
+    _write(tmp_path / "c.de", DE)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "c"), format="plain"), "de", "en")
+    assert str(tmp_path / "c.en") in _one_line(err)
+
+
+def test_auto_missing_path_like_prefix(tmp_path):
+    prefix = str(tmp_path / "nothing")
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=prefix), "de", "en")
+    assert _one_line(err) == f"no such corpus: {prefix}.de / {prefix}.en"
+
+
+def test_auto_bare_name_means_hub():
+    assert resolve_format(CorpusConfig(path="wmt14"), "de", "en") == "hf"
+    assert resolve_format(CorpusConfig(path="Some-Org/some-corpus-xyz"), "de", "en") == "hf"
+
+
+@pytest.mark.parametrize("gz", [False, True])
+def test_tsv(tmp_path, gz):
+    name = "c.tsv.gz" if gz else "c.tsv"
+    path = _write(tmp_path / name, [f"{d}\t{e}" for d, e in zip(DE, EN)], gz=gz)
+    spec = CorpusConfig(path=str(path))
+    assert resolve_format(spec, "de", "en") == "tsv"
+    assert read_parallel(spec, "de", "en") == (DE, EN)
+
+
+def test_tsv_bad_line_names_file_and_line(tmp_path):
+    path = _write(tmp_path / "c.tsv", ["a\tb", "c\td", "no tab here", "e\tf"])
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(path)), "de", "en")
+    assert _one_line(err).startswith(f"{path}:3:")
+    path = _write(tmp_path / "d.tsv", ["a\tb\tc"])
+    with pytest.raises(NMTError, match=r"d\.tsv:1:"):
+        read_parallel(CorpusConfig(path=str(path)), "de", "en")
+
+
+def test_tsv_crlf_does_not_leak_carriage_return(tmp_path):
+    path = tmp_path / "c.tsv"
+    path.write_bytes(b"a\tb\r\nc\td\r\n")
+    assert read_parallel(CorpusConfig(path=str(path)), "de", "en") == (["a", "c"], ["b", "d"])
+
+
+# --------------------------------------------------------------------------- Hugging Face datasets
+
+
+def test_hf_saved_dataset_with_translation_column(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"de": d, "en": e} for d, e in zip(DE, EN)]
+    datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
+    spec = CorpusConfig(path=str(tmp_path / "ds"))
+    assert resolve_format(spec, "de", "en") == "hf"
+    assert read_parallel(spec, "de", "en") == (DE, EN)
+    assert read_parallel(spec, "en", "de") == (EN, DE)
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "ds"), max_pairs=1), "de", "en") == (DE[:1], EN[:1])
+
+
+def test_hf_saved_dataset_dict_with_language_columns(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    splits = {
+        "train": datasets.Dataset.from_dict({"de": DE, "en": EN}),
+        "validation": datasets.Dataset.from_dict({"de": DE[:1], "en": EN[:1]}),
+    }
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "dd"))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "dd")), "de", "en") == (DE, EN)
+    dev = CorpusConfig(path=str(tmp_path / "dd"), split="validation")
+    assert read_parallel(dev, "de", "en") == (DE[:1], EN[:1])
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "dd"), split="test"), "de", "en")
+    assert "'test'" in _one_line(err) and "validation" in str(err.value)
+
+
+def test_hf_named_columns_and_missing_column(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"source": DE, "target": EN}).save_to_disk(str(tmp_path / "ds"))
+    spec = CorpusConfig(path=str(tmp_path / "ds"), src_column="source", trg_column="target")
+    assert read_parallel(spec, "de", "en") == (DE, EN)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en")
+    message = _one_line(err)
+    assert "'de'" in message and "source" in message and "target" in message
+
+
+def test_hf_translation_column_missing_language(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    rows = [{"de": d, "en": e} for d, e in zip(DE, EN)]
+    datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "fr", "en")
+    assert "'fr'" in _one_line(err) and "de, en" in str(err.value)
+
+
+def test_hf_directory_of_jsonl_files(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # keep ~/.cache clean
+    data_dir = tmp_path / "jsonl"
+    data_dir.mkdir()
+    rows = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in zip(DE, EN)]
+    (data_dir / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert read_parallel(CorpusConfig(path=str(data_dir)), "de", "en") == (DE, EN)
+
+
+def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / "jsonl"
+    data_dir.mkdir()
+    (data_dir / "train.jsonl").write_text('{"de": "a", "en": "b"}\n{broken\n', encoding="utf-8")
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(data_dir)), "de", "en")
+    assert _one_line(err).startswith(f"{data_dir}: cannot load as a dataset")
+
+
+def test_hub_offline_gives_one_line_error(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    # Both libraries read the variables at import time; set the parsed flags too.
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.chdir(tmp_path)
+    spec = CorpusConfig(path="made-up-org-xyz/no-such-corpus-42", hf_config="de-en")
+    with pytest.raises(NMTError) as err:
+        read_parallel(spec, "de", "en")
+    message = _one_line(err)
+    assert "could not be downloaded" in message and "offline" in message
+    assert "made-up-org-xyz/no-such-corpus-42" in message
+
+
+# --------------------------------------------------------------------------- cleaning and filtering
+
+
+def test_clean_pairs_strips_and_drops_empty():
+    src = ["  a b ", "", "c", "d\r", "   "]
+    trg = ["x", "y", "  ", "w", "v"]
+    kept_src, kept_trg, report = clean_pairs(src, trg)
+    assert kept_src == ["a b", "d"]
+    assert kept_trg == ["x", "w"]
+    assert report == {"read": 5, "empty": 3, "kept": 2}
+
+
+def test_filter_by_length_counts_and_indices():
+    src_lens = [5, 200, 10, 1, 0, 6]
+    trg_lens = [6, 5, 40, 3, 2, 6]
+    keep, report = filter_by_length(src_lens, trg_lens, max_len=128, max_ratio=3.0)
+    # 1: too long; 2: ratio 4.0; 3: ratio exactly 3.0 kept; 4: zero length counts as 1 -> ratio 2.0
+    assert keep == [0, 3, 4, 5]
+    assert report == {"too_long": 1, "bad_ratio": 1, "kept": 4}
+
+
+def test_describe_drops_one_line():
+    report = {"read": 29000, "empty": 3, "too_long": 12, "bad_ratio": 4, "kept": 28981}
+    text = describe_drops(report, max_len=128, max_ratio=3.0)
+    assert text == "read 29000 pairs, dropped 3 empty, 12 over 128 tokens, 4 over ratio 3.0; kept 28981"

@@ -1,0 +1,70 @@
+"""scripts/get_multi30k.py run as a subprocess: local copy, idempotence, clear errors."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "get_multi30k.py"
+SPLITS = ("train", "val", "test_2016_flickr")
+
+
+def run_script(args: list[str], multi30k_dir: Path | None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "MULTI30K_DIR"}
+    if multi30k_dir is not None:
+        env["MULTI30K_DIR"] = str(multi30k_dir)
+    return subprocess.run([sys.executable, str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=60)
+
+
+def make_fake(root: Path, langs: tuple[str, ...], n: int) -> Path:
+    root.mkdir()
+    for split in SPLITS:
+        for lang in langs:
+            (root / f"{split}.{lang}").write_text("".join(f"{split} {lang} {i}\n" for i in range(n)))
+    return root
+
+
+def test_copies_from_multi30k_dir_then_up_to_date(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    out = tmp_path / "out"
+    args = ["--out", str(out), "--langs", "de", "en", "--expect-lines", "5"]
+    first = run_script(args, fake)
+    assert first.returncode == 0, first.stderr
+    for split in SPLITS:
+        for lang in ("de", "en"):
+            assert (out / f"{split}.{lang}").read_text() == (fake / f"{split}.{lang}").read_text()
+    assert not list(out.glob(".*tmp"))
+    mtime = (out / "train.de").stat().st_mtime_ns
+    time.sleep(0.01)
+    second = run_script(args, fake)
+    assert second.returncode == 0 and "up to date" in second.stdout
+    assert (out / "train.de").stat().st_mtime_ns == mtime
+
+
+def test_wrong_line_count_is_one_line_error(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    (fake / "val.en").write_text("only one line\n")
+    res = run_script(["--out", str(tmp_path / "out"), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "val.en" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_missing_file_in_multi30k_dir_is_named(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    (fake / "test_2016_flickr.de").unlink()
+    res = run_script(["--out", str(tmp_path / "out"), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "test_2016_flickr.de" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_offline_download_fails_with_one_clear_line(tmp_path: Path) -> None:
+    start = time.monotonic()
+    res = run_script(["--out", str(tmp_path / "out"), "--url-base", "http://127.0.0.1:9/"], None)
+    assert time.monotonic() - start < 15
+    assert res.returncode == 2
+    assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
+    assert "could not download" in res.stderr and "MULTI30K_DIR" in res.stderr

@@ -1,0 +1,181 @@
+"""Greedy and beam search on random Transformers and on a hand-made oracle model."""
+
+import math
+
+import pytest
+import torch
+
+from nmt.config import ModelConfig
+from nmt.models.base import Seq2Seq
+from nmt.models.transformer import Transformer
+from nmt.search import beam_search, greedy_search, max_output_lengths
+
+PAD, BOS, EOS, V = 0, 1, 2, 17
+
+
+class EosBiased(Transformer):
+    """A random Transformer with a bias on the EOS logit, so hypotheses end at varied lengths."""
+
+    eos_bias = 0.0
+
+    def project(self, h):
+        logits = super().project(h)
+        return logits + torch.nn.functional.one_hot(torch.tensor(EOS), V).to(logits.dtype) * self.eos_bias
+
+
+def make(seed, eos_bias=1.5):
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, dropout=0.0)
+    model = EosBiased(cfg, V, V, PAD).eval()
+    model.eos_bias = eos_bias
+    return model
+
+
+def sources(seed, lengths=(6, 3, 9, 4)):
+    g = torch.Generator().manual_seed(seed)
+    S = max(lengths)
+    src = torch.full((len(lengths), S), PAD)
+    for i, n in enumerate(lengths):
+        src[i, : n - 1] = torch.randint(3, V, (n - 1,), generator=g)
+        src[i, n - 1] = EOS
+    return src, src != PAD
+
+
+def sequence_logprob(model, src, mask, ids, finished):
+    """Teacher-forced rescoring: sum_t log p(y_t | y_<t, x), EOS included if the hypothesis ended."""
+    y = ids + [EOS] if finished else ids
+    trg_in = torch.tensor([[BOS] + y[:-1]])
+    with torch.no_grad():
+        lprobs = torch.log_softmax(model(src, mask, trg_in).float(), dim=-1)[0]
+    return sum(lprobs[t, tok].item() for t, tok in enumerate(y))
+
+
+def beam(model, src, mask, k, lp=1.0, a=1.2, b=4, nbest=1):
+    return beam_search(model, src, mask, k, lp, a, b, BOS, EOS, PAD, nbest=nbest)
+
+
+def test_beam_size_one_is_greedy():
+    lengths = []  # (greedy length, limit) over all runs: both EOS-ended and truncated must occur
+    for seed in range(5):
+        for eos_bias in (1.5, 2.5):
+            model = make(seed, eos_bias)
+            src, mask = sources(seed)
+            limits = max_output_lengths(mask, 1.2, 4)
+            greedy = greedy_search(model, src, mask, limits, BOS, EOS)
+            for lp in (0.0, 1.0):
+                assert [hyps[0][0] for hyps in beam(model, src, mask, 1, lp=lp)] == greedy
+            lengths += [(len(g), n) for g, n in zip(greedy, limits.tolist())]
+    assert any(0 < g < n for g, n in lengths) and any(g == n for g, n in lengths)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_beam_scores_are_model_logprobs_and_beat_greedy(seed):
+    model = make(seed, eos_bias=0.5)
+    src, mask = sources(seed)
+    limits = max_output_lengths(mask, 1.2, 4).tolist()
+    greedy = greedy_search(model, src, mask, max_output_lengths(mask, 1.2, 4), BOS, EOS)
+    best = beam(model, src, mask, 4, lp=0.0)
+    for i in range(src.shape[0]):
+        n = int(mask[i].sum())
+        one_src, one_mask = src[i : i + 1, :n], mask[i : i + 1, :n]
+        ids, score = best[i][0]
+        rescored = sequence_logprob(model, one_src, one_mask, ids, len(ids) < limits[i])
+        assert score == pytest.approx(rescored, abs=1e-4)
+        g = greedy[i]
+        assert score >= sequence_logprob(model, one_src, one_mask, g, len(g) < limits[i]) - 1e-5
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_batched_equals_one_sentence_at_a_time(seed):
+    model = make(seed, eos_bias=1.0)
+    src, mask = sources(seed, lengths=(7, 2, 5, 9, 3))
+    batched = beam(model, src, mask, 3, nbest=3)
+    for i in range(src.shape[0]):
+        n = int(mask[i].sum())
+        alone = beam(model, src[i : i + 1, :n], mask[i : i + 1, :n], 3, nbest=3)[0]
+        assert [ids for ids, _ in batched[i]] == [ids for ids, _ in alone]
+        assert [s for _, s in batched[i]] == pytest.approx([s for _, s in alone], abs=1e-5)
+
+
+def test_nbest_sorted_and_distinct():
+    model = make(3, eos_bias=1.0)
+    src, mask = sources(3)
+    out = beam(model, src, mask, 5, nbest=4)
+    for hyps in out:
+        assert len(hyps) == 4
+        scores = [s for _, s in hyps]
+        assert scores == sorted(scores, reverse=True)
+        assert len({tuple(ids) for ids, _ in hyps}) == 4
+        assert all(EOS not in ids and BOS not in ids for ids, _ in hyps)
+    with pytest.raises(ValueError):
+        beam(model, src, mask, 2, nbest=3)
+
+
+def test_max_length_respected_without_eos():
+    model = make(0, eos_bias=-100.0)  # EOS never wins: every hypothesis runs to the limit
+    src, mask = sources(0)
+    limits = max_output_lengths(mask, 0.5, 2).tolist()
+    for hyps in beam(model, src, mask, 3, a=0.5, b=2, nbest=3):
+        assert len(hyps) == 3
+    out = beam(model, src, mask, 3, a=0.5, b=2)
+    assert [len(h[0][0]) for h in out] == limits
+    greedy = greedy_search(model, src, mask, torch.tensor(limits), BOS, EOS)
+    assert [len(g) for g in greedy] == limits
+    assert [len(g) for g in greedy_search(model, src, mask, 2, BOS, EOS)] == [2] * 4
+
+
+def test_max_output_lengths_excludes_source_eos():
+    mask = torch.tensor([[True] * 11, [True] * 3 + [False] * 8])
+    assert max_output_lengths(mask, 1.2, 10).tolist() == [22, 12]  # floor(1.2 * 10 + 10), floor(1.2 * 2 + 10)
+
+
+# ---------------------------------------------------------------------------- oracle
+
+A, B_ = 3, 4
+
+
+class Oracle(Seq2Seq):
+    """p(next | prev) from a fixed table, independent of the source. Greedy is provably worse:
+
+    after BOS: A 0.6, B 0.4;  after A: A 0.34, B 0.33, EOS 0.33;  after B: EOS 0.95, A 0.05.
+    Greedy takes A then keeps taking A (0.34 > 0.33): P(A A A ...) < 0.6 * 0.34^k, and never
+    ends; the best sequence is B EOS with P = 0.4 * 0.95 = 0.38 (vs A EOS: 0.198).
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.pad_id = PAD
+        table = torch.full((5, 5), 1e-9)
+        table[BOS, A], table[BOS, B_] = 0.6, 0.4
+        table[A, A], table[A, B_], table[A, EOS] = 0.34, 0.33, 0.33
+        table[B_, EOS], table[B_, A] = 0.95, 0.05
+        table[EOS, EOS] = table[PAD, EOS] = 1.0
+        self.table = table.log()
+
+    def encode(self, src, src_mask):
+        return src.shape[0]
+
+    def init_state(self, memory):
+        return 0
+
+    def decode_step(self, prev_tokens, state):
+        return self.table[prev_tokens], state + 1
+
+    def reorder_state(self, state, index):
+        return state
+
+
+def test_oracle_beam_finds_what_greedy_misses():
+    model = Oracle()
+    src = torch.tensor([[5, 5, 5, EOS]] * 2)
+    mask = src != PAD
+    assert greedy_search(model, src, mask, 6, BOS, EOS) == [[A] * 6] * 2
+    for lp in (0.0, 1.0):
+        out = beam_search(model, src, mask, 2, lp, 0.0, 6, BOS, EOS, PAD, nbest=2)
+        for hyps in out:
+            (ids, score), (ids2, score2) = hyps
+            assert ids == [B_]
+            assert score == pytest.approx(math.log(0.4 * 0.95) / 2**lp, rel=1e-5)
+            assert score2 < score
+    one = beam_search(model, src, mask, 1, 0.0, 0.0, 6, BOS, EOS, PAD)
+    assert [h[0][0] for h in one] == [[A] * 6] * 2  # beam 1 is greedy, misses it too

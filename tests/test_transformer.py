@@ -1,0 +1,197 @@
+"""Transformer: masking, padding invariance, incremental decoding, autocast, tying."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from nmt.config import ModelConfig
+from nmt.models import build_model
+from nmt.models.transformer import Transformer, subsequent_mask
+
+PAD, BOS, EOS, V = 0, 1, 2, 23
+
+
+def make(norm="post", seed=0, **kw) -> Transformer:
+    torch.manual_seed(seed)
+    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, norm=norm, **kw)
+    return Transformer(cfg, V, V, PAD).eval()
+
+
+def batch(B=3, S=7, T=6, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    src = torch.randint(3, V, (B, S), generator=g)
+    src[:, -1] = EOS
+    trg_in = torch.randint(3, V, (B, T), generator=g)
+    trg_in[:, 0] = BOS
+    return src, torch.ones(B, S, dtype=torch.bool), trg_in
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_decoder_is_causal(norm):
+    model = make(norm)
+    src, mask, trg = batch()
+    base = model(src, mask, trg)
+    for j in range(1, trg.shape[1]):
+        changed = trg.clone()
+        changed[:, j] = (changed[:, j] + 5) % V
+        out = model(src, mask, changed)
+        torch.testing.assert_close(out[:, :j], base[:, :j], atol=1e-5, rtol=1e-5)
+        assert not torch.allclose(out[:, j], base[:, j], atol=1e-3)  # the changed position does see it
+
+
+def test_subsequent_mask():
+    m = subsequent_mask(4)
+    assert m.dtype == torch.bool and m[2, 2] and m[2, 0] and not m[1, 2] and not m[0, 3]
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_source_padding_changes_nothing(norm):
+    model = make(norm)
+    src, mask, trg = batch(S=5)
+    padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
+    padded_mask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], dim=1)
+    mem, mem_p = model.encode(src, mask), model.encode(padded, padded_mask)
+    torch.testing.assert_close(mem_p.states[:, :5], mem.states, atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(mem_p.states).all()  # padded rows attend to real keys: no NaN
+    torch.testing.assert_close(model(padded, padded_mask, trg), model(src, mask, trg), atol=1e-5, rtol=1e-5)
+
+
+def test_mixed_lengths_in_one_batch_match_single_sentences():
+    model = make("pre")
+    src, mask, trg = batch(B=2, S=6)
+    mask[0, 3:] = False
+    src[0, 3:] = PAD
+    src[0, 2] = EOS
+    both = model(src, mask, trg)
+    alone = model(src[:1, :3], mask[:1, :3], trg[:1])
+    torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_incremental_decoding_matches_forward(norm):
+    model = make(norm, dropout=0.3)  # dropout must be off in eval mode
+    src, mask, trg = batch(B=3, S=7, T=6)
+    mask[1, 4:] = False
+    src[1, 4:] = PAD
+    with torch.no_grad():
+        full = model(src, mask, trg)  # (B, T, V)
+        state = model.init_state(model.encode(src, mask))
+        for t in range(trg.shape[1]):
+            logits, state = model.decode_step(trg[:, t], state)
+            torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
+
+
+def test_incremental_decoding_after_reorder():
+    """Rows duplicated, permuted and dropped mid-sentence continue as their source rows."""
+    model = make("post")
+    src, mask, trg = batch(B=3, S=7, T=6)
+    with torch.no_grad():
+        full = model(src, mask, trg)
+        state = model.init_state(model.encode(src, mask))
+        state = model.reorder_state(state, torch.tensor([0, 0, 1, 1, 2, 2]))  # beams, grouped
+        rows = torch.tensor([0, 0, 1, 1, 2, 2])
+        for t in range(3):
+            logits, state = model.decode_step(trg[rows, t], state)
+            torch.testing.assert_close(logits, full[rows, t], atol=1e-5, rtol=1e-5)
+        plans = [torch.tensor([1, 0, 3, 2, 5, 4]), torch.tensor([4, 5, 0, 1]), torch.tensor([3, 1, 2])]
+        for t, index in zip(range(3, 6), plans):  # within-sentence swaps, a sentence leaving, ungrouped rows
+            state = model.reorder_state(state, index)
+            rows = rows[index]
+            logits, state = model.decode_step(trg[rows, t], state)
+            torch.testing.assert_close(logits, full[rows, t], atol=1e-5, rtol=1e-5)
+        assert state.group == 0  # the last plan is not grouped: exercised the gather path
+
+
+def test_two_reorders_without_a_step_compose():
+    model = make("pre")
+    src, mask, trg = batch(B=2, T=4)
+    with torch.no_grad():
+        full = model(src, mask, trg)
+        state = model.init_state(model.encode(src, mask))
+        rows = torch.arange(2)
+        for t in range(4):
+            if t == 2:
+                for index in (torch.tensor([1, 0]), torch.tensor([0, 0, 1])):
+                    state, rows = model.reorder_state(state, index), rows[index]
+            logits, state = model.decode_step(trg[rows, t], state)
+            torch.testing.assert_close(logits, full[rows, t], atol=1e-5, rtol=1e-5)
+        assert rows.tolist() == [1, 1, 0]
+
+
+def test_bf16_autocast_close_to_fp32():
+    """bf16 keeps 8 mantissa bits (relative error 2^-9 ~ 0.2% per rounding); through 4 layers of
+    matmuls the logits (std ~1) drift by a few 1e-2 at most. 0.1 absolute, with the argmax
+    agreeing almost everywhere, separates "bf16 rounding" from a real bug (wrong mask, NaN)."""
+    model = make("post")
+    src, mask, trg = batch(B=4, S=9, T=8)
+    with torch.no_grad():
+        ref = model(src, mask, trg)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            low = model(src, mask, trg)
+    assert low.dtype == torch.bfloat16  # output stays in the autocast dtype
+    assert (low.float() - ref).abs().max() < 0.1
+    assert (low.float().argmax(-1) == ref.argmax(-1)).float().mean() > 0.9
+
+
+def test_bf16_incremental_decoding_runs_and_is_close():
+    model = make("pre")
+    src, mask, trg = batch(B=2, T=4)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        full = model(src, mask, trg)
+        state = model.init_state(model.encode(src, mask))
+        for t in range(4):
+            logits, state = model.decode_step(trg[:, t], state)
+            assert (logits.float() - full[:, t].float()).abs().max() < 0.1
+
+
+def test_tying_shares_storage():
+    tied = make(tie_embeddings=True, tie_output=True)
+    assert tied.src_embed.weight.data_ptr() == tied.trg_embed.weight.data_ptr()
+    assert tied.out_proj is None
+    untied = make(tie_embeddings=False, tie_output=False)
+    assert untied.src_embed.weight.data_ptr() != untied.trg_embed.weight.data_ptr()
+    assert untied.out_proj.weight.data_ptr() != untied.trg_embed.weight.data_ptr()
+    n_tied, n_untied = tied.num_parameters(), untied.num_parameters()
+    assert n_untied - n_tied == 2 * V * 32  # one embedding and one output matrix saved
+    with pytest.raises(ValueError):
+        Transformer(ModelConfig(d_model=32, heads=4, tie_embeddings=True), V, V + 1, PAD)
+
+
+def test_tied_output_gradient_reaches_embedding():
+    model = make(tie_embeddings=True, tie_output=True).train()
+    src, mask, trg = batch()
+    loss = F.cross_entropy(model(src, mask, trg).flatten(0, 1), trg.flatten())
+    loss.backward()
+    assert model.trg_embed.weight.grad is not None and model.trg_embed.weight.grad.abs().sum() > 0
+
+
+def test_init():
+    model = make(tie_embeddings=False)
+    assert model.src_embed.weight[PAD].abs().sum() == 0 and model.trg_embed.weight[PAD].abs().sum() == 0
+    std = model.trg_embed.weight[3:].std().item()
+    assert abs(std - 32**-0.5) < 0.05
+    assert model.decoder[0].cross_attn.kv.bias.abs().sum() == 0
+
+
+def test_learned_positions_variant():
+    model = make("pre", positions="learned", max_positions=16)
+    src, mask, trg = batch()
+    out = model(src, mask, trg)
+    assert out.shape == (3, 6, V) and torch.isfinite(out).all()
+    with torch.no_grad():
+        state = model.init_state(model.encode(src, mask))
+        logits, _ = model.decode_step(trg[:, 0], state)
+    torch.testing.assert_close(logits, out[:, 0], atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError):
+        model(src, mask, torch.full((1, 17), 5))
+
+
+def test_build_model_and_flops():
+    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4)
+    model = build_model(cfg, V, V, PAD)
+    assert isinstance(model, Transformer)
+    d, f = 32, 64
+    expected = 6 * ((4 * d * d + 2 * d * f + 2 * 10 * d) + (8 * d * d + 10 * d + 2 * 10 * d + 2 * d * f) + d * V)
+    assert model.flops_per_token(10, 10) == pytest.approx(expected)
+    # the FLOPs are dominated by the weights: 6 N per token, N the matmul parameters
+    assert model.flops_per_token(10, 10) > 6 * (d * V)
