@@ -84,7 +84,9 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
         text = str(e)
         if "Weights only load failed" in text or "Unsupported global" in text or "UnpicklingError" in type(e).__name__:
-            raise NMTError(f"{path}: refused: the file holds Python objects, not just tensors (unsafe to load)") from None
+            raise NMTError(
+                f"{path}: refused: the file holds Python objects, not just tensors (unsafe to load)"
+            ) from None
         raise NMTError(f"{path}: checkpoint is unreadable ({type(e).__name__}); it may be truncated") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise NMTError(f"{path}: not an nmt checkpoint")

@@ -166,15 +166,26 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"nmt {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
-    p = sub.add_parser("train", help="prepare data, train, validate, checkpoint (resumes an existing run)",
-                       description="Train from a YAML config. Running it again on the same run_dir resumes.")
+    p = sub.add_parser(
+        "train",
+        help="prepare data, train, validate, checkpoint (resumes an existing run)",
+        description="Train from a YAML config. Running it again on the same run_dir resumes.",
+    )
     p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config value, e.g. --set train.max_updates=500 (repeatable)")
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set train.max_updates=500 (repeatable)",
+    )
     p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("translate", help="translate text with a trained run",
-                       description="Translate lines of text (stdin by default) with a run's best checkpoint.")
+    p = sub.add_parser(
+        "translate",
+        help="translate text with a trained run",
+        description="Translate lines of text (stdin by default) with a run's best checkpoint.",
+    )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("--input", "-i", help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", "-o", help="output file (default: stdout)")
@@ -182,8 +193,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decode_options(p)
     p.set_defaults(func=cmd_translate)
 
-    p = sub.add_parser("eval-bleu", help="corpus BLEU and chrF with sacreBLEU",
-                       description="Score a hypothesis file (or a run's translation of --src) against references.")
+    p = sub.add_parser(
+        "eval-bleu",
+        help="corpus BLEU and chrF with sacreBLEU",
+        description="Score a hypothesis file (or a run's translation of --src) against references.",
+    )
     p.add_argument("--hyp", help="hypothesis file, one detokenized sentence per line")
     p.add_argument("--ref", action="append", required=True, help="reference file (repeat for several references)")
     p.add_argument("--model", metavar="RUN_DIR", help="translate --src with this run, then score")

@@ -12,7 +12,7 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal
 
 import yaml
 
@@ -25,11 +25,11 @@ class CorpusConfig:
 
     path: str = ""  # prefix, .tsv file, local dataset directory, or hub dataset name
     format: Literal["auto", "plain", "tsv", "hf"] = "auto"
-    hf_config: Optional[str] = None  # hub dataset configuration, e.g. "de-en" for wmt14
+    hf_config: str | None = None  # hub dataset configuration, e.g. "de-en" for wmt14
     split: str = "train"  # hub/local dataset split
-    src_column: Optional[str] = None  # one column per language; default: `translation` dict or the language code
-    trg_column: Optional[str] = None
-    max_pairs: Optional[int] = None  # read at most this many pairs
+    src_column: str | None = None  # one column per language; default: `translation` dict or the language code
+    trg_column: str | None = None
+    max_pairs: int | None = None  # read at most this many pairs
 
 
 @dataclass
@@ -38,7 +38,7 @@ class DataConfig:
     trg_lang: str = "en"
     train: CorpusConfig = field(default_factory=CorpusConfig)
     dev: CorpusConfig = field(default_factory=CorpusConfig)
-    test: Optional[CorpusConfig] = None
+    test: CorpusConfig | None = None
     max_len: int = 128  # subword tokens per side; longer training pairs are dropped
     max_len_ratio: float = 3.0  # drop training pairs whose subword length ratio exceeds this
     synthetic: bool = False  # generate the built-in synthetic corpus into the paths above first
@@ -86,26 +86,26 @@ class TrainConfig:
     lr_min: float = 0.0
     warmup_updates: int = 1000
     schedule: Literal["inverse_sqrt", "cosine", "linear", "constant"] = "inverse_sqrt"
-    decay_updates: Optional[int] = None  # length of cosine/linear decay; default max_updates
+    decay_updates: int | None = None  # length of cosine/linear decay; default max_updates
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
     label_smoothing: float = 0.1
     clip_norm: float = 1.0  # 0 disables clipping
-    max_updates: Optional[int] = None
-    max_epochs: Optional[int] = None
-    max_minutes: Optional[float] = None
+    max_updates: int | None = None
+    max_epochs: int | None = None
+    max_minutes: float | None = None
     validate_every: int = 1000  # updates
     validate_beam_size: int = 1  # 1: greedy dev BLEU, cheap
-    validate_max_sentences: Optional[int] = None  # score dev BLEU on a prefix of the dev set
-    patience: Optional[int] = None  # validations without a new best before stopping
+    validate_max_sentences: int | None = None  # score dev BLEU on a prefix of the dev set
+    patience: int | None = None  # validations without a new best before stopping
     keep_last: int = 2
     keep_best: int = 1
     log_every: int = 50
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
     compile: bool = False
-    threads: Optional[int] = None  # torch intra-op threads; default: all cores
+    threads: int | None = None  # torch intra-op threads; default: all cores
     max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping
 
 

@@ -185,7 +185,11 @@ class Trainer:
         t = cfg.train
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
-            self.model.parameters(), lr=t.lr_peak, betas=t.betas, eps=t.adam_eps, weight_decay=t.weight_decay,
+            self.model.parameters(),
+            lr=t.lr_peak,
+            betas=t.betas,
+            eps=t.adam_eps,
+            weight_decay=t.weight_decay,
             fused=fused or None,
         )
         self.scaler = self.precision.grad_scaler()
@@ -211,7 +215,9 @@ class Trainer:
         self.progress = Progress.from_dict(state["progress"])
         checkpoint.set_rng_state(state["rng"])
         p = self.progress
-        self.log(f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}")
+        self.log(
+            f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}"
+        )
 
     def _state(self) -> dict:
         return {
@@ -232,7 +238,9 @@ class Trainer:
         cfg, data, tok = self.cfg.train, self.data.train, self.data.trg_tok
         p = self.progress
         batches = [
-            make_batch([data.src[i] for i in rows], [data.trg[i] for i in rows], rows, tok.pad_id, tok.bos_id, tok.eos_id)
+            make_batch(
+                [data.src[i] for i in rows], [data.trg[i] for i in rows], rows, tok.pad_id, tok.bos_id, tok.eos_id
+            )
             for rows in group
         ]
         n_tokens = sum(b.n_trg_tokens for b in batches)
@@ -257,7 +265,9 @@ class Trainer:
             self.optimizer.zero_grad(set_to_none=True)
             p.nonfinite_in_row += 1
             p.skipped_updates += 1
-            self.log(f"update {p.update + 1}: non-finite loss or gradient norm, update skipped ({p.nonfinite_in_row} in a row)")
+            self.log(
+                f"update {p.update + 1}: non-finite loss or gradient norm, skipped ({p.nonfinite_in_row} in a row)"
+            )
             if p.nonfinite_in_row >= cfg.max_nonfinite:
                 raise NMTError(
                     f"training diverged: {p.nonfinite_in_row} non-finite updates in a row "
@@ -269,8 +279,14 @@ class Trainer:
         p.nonfinite_in_row = 0
         p.update += 1
         p.trg_tokens += n_tokens
-        return {"loss": loss_sum / n_tokens, "nll": nll_sum / n_tokens, "lr": lr, "grad_norm": grad_norm,
-                "trg_tokens": n_tokens, "src_tokens": sum(b.n_src_tokens for b in batches)}
+        return {
+            "loss": loss_sum / n_tokens,
+            "nll": nll_sum / n_tokens,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "trg_tokens": n_tokens,
+            "src_tokens": sum(b.n_src_tokens for b in batches),
+        }
 
     # -- validation ------------------------------------------------------------------------
     def validate(self) -> dict:
@@ -290,9 +306,17 @@ class Trainer:
         else:
             p.bad_validations += 1
         p.last_validated = p.update
-        record = {"type": "valid", "update": p.update, "epoch": p.epoch, "dev_loss": dev_loss,
-                  "dev_ppl": math.exp(min(dev_loss, 50)), "dev_bleu": bleu, "best_bleu": p.best_bleu,
-                  "elapsed": p.elapsed_seconds, "seconds": time.perf_counter() - start}
+        record = {
+            "type": "valid",
+            "update": p.update,
+            "epoch": p.epoch,
+            "dev_loss": dev_loss,
+            "dev_ppl": math.exp(min(dev_loss, 50)),
+            "dev_bleu": bleu,
+            "best_bleu": p.best_bleu,
+            "elapsed": p.elapsed_seconds,
+            "seconds": time.perf_counter() - start,
+        }
         self.metrics.write(record)
         self.log(
             f"validation at update {p.update}: dev loss {dev_loss:.3f}, ppl {record['dev_ppl']:.2f}, "
@@ -333,8 +357,10 @@ class Trainer:
                     break
                 batches = token_batches(src_lens, trg_lens, t.max_tokens, self.cfg.seed, p.epoch)
                 if p.batch_in_epoch == 0:
-                    self.log(f"epoch {p.epoch}: {len(batches)} batches, padding "
-                             f"{100 * padding_fraction(batches, src_lens, trg_lens):.1f}% of target slots")
+                    self.log(
+                        f"epoch {p.epoch}: {len(batches)} batches, padding "
+                        f"{100 * padding_fraction(batches, src_lens, trg_lens):.1f}% of target slots"
+                    )
                 while p.batch_in_epoch < len(batches) and reason is None:
                     step_start = time.perf_counter()
                     group = batches[p.batch_in_epoch : p.batch_in_epoch + t.accumulate]
@@ -343,13 +369,22 @@ class Trainer:
                     p.elapsed_seconds += time.perf_counter() - step_start
                     if stats is not None:
                         window_tokens += stats["trg_tokens"]
-                        self.metrics.write({"type": "train", "update": p.update, "epoch": p.epoch, **stats,
-                                            "elapsed": round(p.elapsed_seconds, 3)})
+                        self.metrics.write(
+                            {
+                                "type": "train",
+                                "update": p.update,
+                                "epoch": p.epoch,
+                                **stats,
+                                "elapsed": round(p.elapsed_seconds, 3),
+                            }
+                        )
                         if p.update % t.log_every == 0:
                             rate = window_tokens / max(time.perf_counter() - window_start, 1e-9)
                             window_tokens, window_start = 0, time.perf_counter()
-                            line = (f"update {p.update} epoch {p.epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
-                                    f"|g| {stats['grad_norm']:.2f} {rate:.0f} tgt tok/s")
+                            line = (
+                                f"update {p.update} epoch {p.epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
+                                f"|g| {stats['grad_norm']:.2f} {rate:.0f} tgt tok/s"
+                            )
                             if bar is None:
                                 self.log(line)
                             else:

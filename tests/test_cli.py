@@ -39,12 +39,27 @@ def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Pat
         "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix)},
         "tokenizer": {"type": "bpe", "vocab_size": 60},
         "model": {
-            "type": model_type, "d_model": 64, "ff_size": 128, "encoder_layers": 1, "decoder_layers": 1,
-            "heads": 4, "dropout": 0.0, "norm": "pre", "rnn_hidden": 64, "attention": "general",
+            "type": model_type,
+            "d_model": 64,
+            "ff_size": 128,
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "heads": 4,
+            "dropout": 0.0,
+            "norm": "pre",
+            "rnn_hidden": 64,
+            "attention": "general",
         },
         "train": {
-            "max_tokens": 512, "lr_peak": 0.01, "warmup_updates": 10, "label_smoothing": 0.0,
-            "max_updates": 120, "validate_every": 60, "log_every": 20, "precision": "fp32", **train,
+            "max_tokens": 512,
+            "lr_peak": 0.01,
+            "warmup_updates": 10,
+            "label_smoothing": 0.0,
+            "max_updates": 120,
+            "validate_every": 60,
+            "log_every": 20,
+            "precision": "fp32",
+            **train,
         },
         "decode": {"beam_size": 3, "max_len_a": 1.5, "max_len_b": 4},
     }
@@ -89,7 +104,7 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
     import io
 
     run = trained_run / "run"
-    stdin = io.TextIOWrapper(io.BytesIO("der hund sieht die katze\n".encode()), encoding="utf-8")
+    stdin = io.TextIOWrapper(io.BytesIO(b"der hund sieht die katze\n"), encoding="utf-8")
     monkeypatch.setattr(sys, "stdin", stdin)
     code, out, _ = run_cli(["translate", "--model", run, "--nbest", "3"], capsys)
     assert code == 0
@@ -143,40 +158,83 @@ def _bad_inputs(tmp_path: Path):
 
     cases.append(("missing config", ["train", "--config", tmp_path / "nope.yaml"], "nope.yaml: no such config file"))
     cases.append(("yaml syntax", ["train", "--config", config_with("syntax", "train: [1, 2\n")], "YAML does not parse"))
-    cases.append(("unknown key", ["train", "--config", variant("unk", lambda c: c["train"].update(max_update=3))],
-                  "did you mean 'train.max_updates'"))
-    cases.append(("wrong type", ["train", "--config", variant("type", lambda c: c["model"].update(d_model="big"))],
-                  "model.d_model': expected an integer"))
-    cases.append(("out of range", ["train", "--config", variant("range", lambda c: c["train"].update(label_smoothing=2))],
-                  "train.label_smoothing"))
+    cases.append(
+        (
+            "unknown key",
+            ["train", "--config", variant("unk", lambda c: c["train"].update(max_update=3))],
+            "did you mean 'train.max_updates'",
+        )
+    )
+    cases.append(
+        (
+            "wrong type",
+            ["train", "--config", variant("type", lambda c: c["model"].update(d_model="big"))],
+            "model.d_model': expected an integer",
+        )
+    )
+    cases.append(
+        (
+            "out of range",
+            ["train", "--config", variant("range", lambda c: c["train"].update(label_smoothing=2))],
+            "train.label_smoothing",
+        )
+    )
 
     (data / "short.de").write_text("a\nb\nc\n")
     (data / "short.en").write_text("a\nb\n")
-    cases.append(("line counts differ",
-                  ["train", "--config", variant("counts", lambda c: c["data"].update(train=str(data / "short")))],
-                  "3"))
+    cases.append(
+        (
+            "line counts differ",
+            ["train", "--config", variant("counts", lambda c: c["data"].update(train=str(data / "short")))],
+            "3",
+        )
+    )
     (data / "bad.de").write_bytes(b"gut\nschl\xffcht\n")
     (data / "bad.en").write_text("good\nbad\n")
-    cases.append(("invalid utf-8",
-                  ["train", "--config", variant("utf8", lambda c: c["data"].update(train=str(data / "bad")))],
-                  "bad.de:2"))
+    cases.append(
+        (
+            "invalid utf-8",
+            ["train", "--config", variant("utf8", lambda c: c["data"].update(train=str(data / "bad")))],
+            "bad.de:2",
+        )
+    )
     (data / "empty.de").write_text("\n  \n")
     (data / "empty.en").write_text("x\n\n")
-    cases.append(("empty after cleaning",
-                  ["train", "--config", variant("empty", lambda c: c["data"].update(train=str(data / "empty")))],
-                  "empty after cleaning"))
-    cases.append(("missing corpus",
-                  ["train", "--config", variant("nocorpus", lambda c: c["data"].update(train=str(data / "nothere")))],
-                  "nothere"))
-    cases.append(("translate non-run", ["translate", "--model", data, "--input", data / "train.de"],
-                  "not a run directory"))
-    cases.append(("translate missing run", ["translate", "--model", tmp_path / "norun", "--input", data / "train.de"],
-                  "no such run directory"))
-    cases.append(("eval-bleu missing hyp", ["eval-bleu", "--hyp", tmp_path / "none.txt", "--ref", data / "train.en"],
-                  "none.txt"))
+    cases.append(
+        (
+            "empty after cleaning",
+            ["train", "--config", variant("empty", lambda c: c["data"].update(train=str(data / "empty")))],
+            "empty after cleaning",
+        )
+    )
+    cases.append(
+        (
+            "missing corpus",
+            ["train", "--config", variant("nocorpus", lambda c: c["data"].update(train=str(data / "nothere")))],
+            "nothere",
+        )
+    )
+    cases.append(
+        ("translate non-run", ["translate", "--model", data, "--input", data / "train.de"], "not a run directory")
+    )
+    cases.append(
+        (
+            "translate missing run",
+            ["translate", "--model", tmp_path / "norun", "--input", data / "train.de"],
+            "no such run directory",
+        )
+    )
+    cases.append(
+        ("eval-bleu missing hyp", ["eval-bleu", "--hyp", tmp_path / "none.txt", "--ref", data / "train.en"], "none.txt")
+    )
     (tmp_path / "two.txt").write_text("a\nb\n")
-    cases.append(("eval-bleu length mismatch", ["eval-bleu", "--hyp", tmp_path / "two.txt", "--ref", data / "train.en"],
-                  "has 8 lines but the hypotheses have 2"))
+    cases.append(
+        (
+            "eval-bleu length mismatch",
+            ["eval-bleu", "--hyp", tmp_path / "two.txt", "--ref", data / "train.en"],
+            "has 8 lines but the hypotheses have 2",
+        )
+    )
     return cases
 
 
@@ -192,7 +250,8 @@ def test_bad_inputs_give_one_line_errors(tmp_path, capsys):
 def test_bad_input_exit_code_in_a_real_process(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "nmt.cli", "translate", "--model", str(tmp_path), "--input", "x"],
-        capture_output=True, text=True,
+        capture_output=True,
+        text=True,
     )
     assert result.returncode == 2
     assert "Traceback" not in result.stderr

@@ -24,7 +24,11 @@ def test_shipped_configs_load():
 
 
 def test_corpus_shorthand_and_float_parsing(tmp_path):
-    cfg = load_config(write(tmp_path, "data: {train: a/train, dev: a/dev}\ntrain: {max_updates: 5, lr_peak: 5e-4, warmup_updates: 1}\n"))
+    cfg = load_config(
+        write(
+            tmp_path, "data: {train: a/train, dev: a/dev}\ntrain: {max_updates: 5, lr_peak: 5e-4, warmup_updates: 1}\n"
+        )
+    )
     assert cfg.data.train.path == "a/train" and cfg.data.train.format == "auto"
     assert cfg.train.lr_peak == pytest.approx(5e-4)
 
@@ -87,7 +91,13 @@ def test_missing_and_empty_config(tmp_path):
 def test_overrides_parse_values_and_create_sections():
     values = apply_overrides(
         {"data": {"train": "x", "dev": "y"}},
-        ["train.max_updates=7", "train.warmup_updates=0", "train.lr_peak=3e-4", "model.norm=pre", "data.train.max_pairs=3"],
+        [
+            "train.max_updates=7",
+            "train.warmup_updates=0",
+            "train.lr_peak=3e-4",
+            "model.norm=pre",
+            "data.train.max_pairs=3",
+        ],
     )
     cfg = config_from_dict(values)
     assert cfg.train.max_updates == 7 and cfg.train.lr_peak == pytest.approx(3e-4)
