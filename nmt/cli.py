@@ -144,6 +144,15 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_bench(args: argparse.Namespace) -> int:
+    from nmt import bench
+    from nmt.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    bench.main(cfg, args.model, args.updates, args.warmup, args.decode_sentences, args.json, _log)
+    return 0
+
+
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
@@ -206,6 +215,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     _add_decode_options(p)
     p.set_defaults(func=cmd_eval_bleu)
+    p = sub.add_parser(
+        "bench",
+        help="measure training tokens/s, decoding sentences/s and the matmul peak",
+        description="Benchmark a config: real training updates on its data, decoding of its test set, "
+        "and the matrix-multiply peak of the same device and precision, in one run.",
+    )
+    p.add_argument("--config", required=True, help="YAML config whose data and model to use")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    p.add_argument("--model", metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)")
+    p.add_argument("--updates", type=_positive_int, default=30, help="timed training updates (default 30)")
+    p.add_argument("--warmup", type=_positive_int, default=5, help="untimed updates first (default 5)")
+    p.add_argument("--decode-sentences", type=_positive_int, help="decode only the first N test sentences")
+    p.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
+    p.set_defaults(func=cmd_bench)
     return parser
 
 

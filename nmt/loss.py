@@ -17,6 +17,36 @@ from __future__ import annotations
 import torch
 
 
+class _SmoothedCrossEntropy(torch.autograd.Function):
+    """Forward: per-token H(q, p) and -log p(y). Backward in one pass: dH/dlogits = p - q.
+
+    Autograd through log_softmax, gather and sum would build three (N, V) tensors in the
+    backward pass (a dense scatter for the gather among them); the closed form needs one, written
+    in place over the saved log-probabilities.
+    """
+
+    @staticmethod
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float):
+        lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (N, V)
+        nll = -lprobs.gather(-1, target[:, None]).squeeze(-1)  # (N,)
+        loss = (1.0 - smoothing) * nll - (smoothing / lprobs.shape[-1]) * lprobs.sum(-1)  # (N,)
+        loss, nll = loss * keep, nll * keep
+        ctx.save_for_backward(lprobs, target, keep)
+        ctx.smoothing, ctx.logits_dtype = smoothing, logits.dtype
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor):
+        lprobs, target, keep = ctx.saved_tensors
+        eps, vocab = ctx.smoothing, lprobs.shape[-1]
+        grad = lprobs.exp_()  # p, (N, V), reusing the saved buffer
+        grad.sub_(eps / vocab)
+        grad.scatter_add_(-1, target[:, None], torch.full_like(grad[:, :1], -(1.0 - eps)))
+        grad.mul_((grad_loss * keep)[:, None])
+        return grad.to(ctx.logits_dtype), None, None, None
+
+
 def label_smoothed_nll(
     logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,14 +56,8 @@ def label_smoothed_nll(
     log-likelihood (for perplexity), ``loss_sum`` the label-smoothed loss H(q, p) above.
     log_softmax is computed in fp32 even when the logits are bf16/fp16.
     """
-    lprobs = torch.log_softmax(logits, dim=-1, dtype=torch.float32)  # (B, T, V)
-    keep = target != pad_id  # (B, T)
-    nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    nll_sum = nll.masked_fill(~keep, 0.0).sum()
-    if smoothing == 0.0:
-        return nll_sum, nll_sum
-    uniform = -lprobs.sum(dim=-1)  # (B, T): -sum_k log p(k)
-    uniform_sum = uniform.masked_fill(~keep, 0.0).sum()
-    vocab = lprobs.shape[-1]
-    loss_sum = (1.0 - smoothing) * nll_sum + (smoothing / vocab) * uniform_sum
-    return loss_sum, nll_sum
+    V = logits.shape[-1]
+    target = target.reshape(-1)
+    keep = (target != pad_id).float()  # (N,)
+    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target, keep, smoothing)
+    return loss.sum(), nll.sum()

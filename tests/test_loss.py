@@ -82,3 +82,20 @@ def test_gradient_flows_and_minimum_is_smoothed_distribution():
     loss, _ = label_smoothed_nll(logits, torch.tensor([[y]]), eps, PAD)
     loss.backward()
     assert logits.grad.abs().max() < 1e-6
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_closed_form_gradient_equals_autograd_of_the_formula(dtype):
+    torch.manual_seed(0)
+    logits = torch.randn(3, 5, 11).to(dtype).requires_grad_()
+    target = torch.randint(1, 11, (3, 5))
+    target[0, 3:] = PAD
+    loss, _ = label_smoothed_nll(logits, target, 0.1, PAD)
+    (0.7 * loss).backward()
+    closed_form = logits.grad.float().clone()
+    logits.grad = None
+    lp = torch.log_softmax(logits.float(), -1)
+    per_token = 0.9 * -lp.gather(-1, target[..., None]).squeeze(-1) - (0.1 / 11) * lp.sum(-1)
+    (0.7 * (per_token * (target != PAD)).sum()).backward()
+    assert torch.allclose(closed_form, logits.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2)
+    assert closed_form[0, 3:].abs().max() == 0  # padding gets no gradient

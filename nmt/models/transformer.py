@@ -81,21 +81,33 @@ def select_and_append(cache: torch.Tensor, index: torch.Tensor | None, new: torc
 
 
 def attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None = None, dropout: float = 0.0,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout: float = 0.0,
     causal: bool = False,
 ) -> torch.Tensor:
     """softmax(Q K^T / sqrt(hd) + mask) V: q (B, H, Tq, hd), k and v (B, H, Tk, hd) -> (B, H, Tq, hd).
 
-    Fused SDPA, except for the few queries of a decoding step on CPU, where the fused kernel's
-    per-(row, head) overhead dominates (measured 3-5x slower than two batched matmuls for 1
-    query x 30 keys, fp32 and bf16); the explicit form takes the softmax in fp32.
+    Fused SDPA on GPUs. On CPU the explicit form (two batched matmuls, softmax in fp32) is used:
+    for NMT's short sequences the fused CPU kernel's per-(row, head) overhead dominates, measured
+    2.7x slower for training (forward + backward, 128 x 4 heads x 30 x 30, bf16) and 3-5x slower
+    for a decoding step's single query.
     """
-    if q.device.type == "cpu" and q.shape[-2] <= 8 and not causal and dropout == 0.0:
-        scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
-        if mask is not None:
-            scores = scores.masked_fill(~mask, float("-inf"))
-        return torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype) @ v
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    if q.device.type != "cpu":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
+    if causal:
+        Tq, Tk = scores.shape[-2:]
+        future = ~subsequent_mask(Tk, scores.device)[Tk - Tq :]  # (Tq, Tk), True where j > i
+        scores = scores.masked_fill(future, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
+    if dropout > 0.0:
+        weights = F.dropout(weights, dropout, training=True)
+    return weights @ v
 
 
 def merge_heads(x: torch.Tensor) -> torch.Tensor:

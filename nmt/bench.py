@@ -1,0 +1,199 @@
+"""``nmt bench``: training and decoding speed on a real config, next to the matrix-multiply
+peak of the same device and precision measured in the same run."""
+
+from __future__ import annotations
+
+import json
+import resource
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from nmt.batching import token_batches
+from nmt.config import Config
+from nmt.corpus import clean_pairs, read_parallel
+from nmt.device import Precision
+from nmt.errors import NMTError
+
+
+def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=(1024, 2048), seconds: float = 1.0) -> float:
+    """Best GFLOP/s of square matmuls (2 n^3 FLOPs each) in the given precision."""
+    best = 0.0
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=precision.dtype)
+        b = torch.randn(n, n, device=device, dtype=precision.dtype)
+        torch.mm(a, b)
+        calls, start = 0, time.perf_counter()
+        while True:
+            torch.mm(a, b)
+            calls += 1
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            elapsed = time.perf_counter() - start
+            if elapsed >= seconds / len(sizes):
+                break
+        best = max(best, 2 * n**3 * calls / elapsed / 1e9)
+    return best
+
+
+def _peak_memory_mb(device: torch.device) -> float:
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated() / 2**20
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+
+
+def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None]) -> dict:
+    """Time ``updates`` real optimizer updates after ``warmup`` untimed ones."""
+    data, cfg = trainer.data.train, trainer.cfg
+    src_lens, trg_lens = [len(s) for s in data.src], [len(t) for t in data.trg]
+    batches = token_batches(src_lens, trg_lens, cfg.train.max_tokens, cfg.seed, 1)
+    acc = cfg.train.accumulate
+    groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
+    needed = warmup + updates
+    if len(groups) < needed:
+        groups = (groups * (needed // max(len(groups), 1) + 1))[:needed]
+    for g in groups[:warmup]:
+        trainer._update(g)
+    trg_tokens = src_tokens = 0
+    step_times = []
+    for g in groups[warmup:needed]:
+        start = time.perf_counter()
+        stats = trainer._update(g)
+        if trainer.device.type == "cuda":
+            torch.cuda.synchronize()
+        step_times.append(time.perf_counter() - start)
+        if stats is not None:
+            trg_tokens += stats["trg_tokens"]
+            src_tokens += stats["src_tokens"]
+    seconds = sum(step_times)
+    n_sent = sum(len(b) for g in groups[warmup:needed] for b in g)
+    model = trainer.model
+    flops = None
+    if hasattr(model, "flops_per_token"):
+        flops = model.flops_per_token(src_tokens / n_sent, trg_tokens / n_sent)
+    result = {
+        "updates": len(step_times),
+        "seconds": seconds,
+        "median_update_seconds": statistics.median(step_times),
+        "trg_tokens_per_s": trg_tokens / seconds,
+        "src_trg_tokens_per_s": (src_tokens + trg_tokens) / seconds,
+        "trg_tokens_per_update": trg_tokens / len(step_times),
+        "flops_per_trg_token": flops,
+    }
+    if flops is not None:
+        result["model_gflops"] = flops * trg_tokens / seconds / 1e9
+    log(
+        f"training: {result['trg_tokens_per_s']:.0f} target tokens/s, "
+        f"{result['src_trg_tokens_per_s']:.0f} source+target tokens/s "
+        f"({result['trg_tokens_per_update']:.0f} target tokens/update, {len(step_times)} updates)"
+    )
+    return result
+
+
+def bench_decoding(translator, lines: list[str], refs: list[str] | None, decode, log) -> dict:
+    from nmt.scoring import bleu_only
+
+    out = {}
+    for name, beam in (("greedy", 1), ("beam5", 5)):
+        cfg = replace(decode, beam_size=beam, nbest=1)
+        translator.translate(lines[:8], cfg)  # warm-up: allocator, kernels
+        start = time.perf_counter()
+        hyps = [h[0] for h in translator.translate(lines, cfg)]
+        if translator.device.type == "cuda":
+            torch.cuda.synchronize()
+        seconds = time.perf_counter() - start
+        n_tokens = sum(len(ids) + 1 for ids in translator.trg_tok.encode(hyps))
+        out[name] = {
+            "sentences": len(lines),
+            "seconds": seconds,
+            "sentences_per_s": len(lines) / seconds,
+            "tokens_per_s": n_tokens / seconds,
+        }
+        if refs is not None:
+            out[name]["bleu"] = bleu_only(hyps, refs)
+        bleu = f", BLEU {out[name]['bleu']:.2f}" if refs is not None else ""
+        log(
+            f"decoding {name}: {len(lines)} sentences in {seconds:.1f} s = "
+            f"{out[name]['sentences_per_s']:.1f} sentences/s, {out[name]['tokens_per_s']:.0f} tokens/s{bleu}"
+        )
+    return out
+
+
+def run_bench(
+    cfg: Config,
+    model_dir: Path | None,
+    updates: int,
+    warmup: int,
+    decode_sentences: int | None,
+    log: Callable[[str], None],
+) -> dict:
+    from nmt.training import Trainer
+    from nmt.translate import Translator, load_translator
+
+    scratch = Path(cfg.run_dir + "-bench")
+    if (scratch / "checkpoints").exists():
+        shutil.rmtree(scratch / "checkpoints")  # never resume a benchmark
+    trainer = Trainer(replace(cfg, run_dir=str(scratch)), scratch, log)
+    trainer._setup()
+    device, precision = trainer.device, trainer.precision
+    report: dict = {
+        "config": cfg.name,
+        "device": str(device),
+        "cpu_threads": torch.get_num_threads(),
+        "torch": torch.__version__,
+        "precision": precision.name,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "max_tokens": cfg.train.max_tokens,
+    }
+    log(f"benchmark: {cfg.name} on {device} ({torch.get_num_threads()} threads), precision {precision.name}")
+    peaks = {"fp32": matmul_peak_gflops(device, Precision(device.type, "fp32"))}
+    if precision.name != "fp32":
+        peaks[precision.name] = matmul_peak_gflops(device, precision)
+    report["matmul_peak_gflops"] = peaks
+    log("matmul peak: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))
+
+    train = bench_training(trainer, updates, warmup, log)
+    if train.get("model_gflops"):
+        train["utilization_vs_peak"] = train["model_gflops"] / peaks[precision.name]
+        train["utilization_vs_fp32_peak"] = train["model_gflops"] / peaks["fp32"]
+        log(
+            f"model FLOPs: {train['flops_per_trg_token'] / 1e6:.1f} MFLOP per target token -> "
+            f"{train['model_gflops']:.1f} GFLOP/s = {100 * train['utilization_vs_peak']:.0f}% of the "
+            f"{precision.name} matmul peak ({100 * train['utilization_vs_fp32_peak']:.0f}% of fp32's)"
+        )
+    report["training"] = train
+
+    spec = cfg.data.test or cfg.data.dev
+    src, trg = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
+    src, trg, _ = clean_pairs(src, trg)
+    if decode_sentences:
+        src, trg = src[:decode_sentences], trg[:decode_sentences]
+    if model_dir is not None:
+        translator = load_translator(model_dir, cfg.train.device, cfg.train.precision)
+        report["decode_model"] = str(model_dir)
+    else:
+        log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")
+        translator = Translator(trainer.model, trainer.data.src_tok, trainer.data.trg_tok, device, precision)
+        report["decode_model"] = None
+    report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
+    report["peak_memory_mb"] = _peak_memory_mb(device)
+    log(f"peak memory: {report['peak_memory_mb']:.0f} MiB")
+    return report
+
+
+def main(cfg: Config, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log) -> None:
+    if model_dir is not None and not Path(model_dir).is_dir():
+        raise NMTError(f"{model_dir}: no such run directory")
+    report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
+    text = json.dumps(report, indent=1)
+    if json_path:
+        Path(json_path).write_text(text + "\n")
+        log(f"wrote {json_path}")
+    else:
+        sys.stdout.write(text + "\n")

@@ -1,0 +1,60 @@
+"""Shared test data: a handful of parallel sentences and a tiny config that trains in seconds."""
+
+from pathlib import Path
+
+import yaml
+
+PAIRS = [
+    ("der hund sieht die katze", "the dog sees the cat"),
+    ("die katze sieht den hund", "the cat sees the dog"),
+    ("ein kleiner hund schläft", "a small dog sleeps"),
+    ("die große katze läuft schnell", "the big cat runs fast"),
+    ("zwei hunde spielen im garten", "two dogs play in the garden"),
+    ("der mann liest ein buch", "the man reads a book"),
+    ("eine frau trinkt kaffee", "a woman drinks coffee"),
+    ("die kinder essen äpfel", "the children eat apples"),
+]
+
+
+def write_corpus(directory: Path, name: str, pairs) -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{name}.de").write_text("".join(s + "\n" for s, _ in pairs), encoding="utf-8")
+    (directory / f"{name}.en").write_text("".join(t + "\n" for _, t in pairs), encoding="utf-8")
+    return directory / name
+
+
+def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Path:
+    prefix = write_corpus(tmp_path / "data", "train", PAIRS)
+    cfg = {
+        "run_dir": str(tmp_path / "run"),
+        "seed": 3,
+        "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix)},
+        "tokenizer": {"type": "bpe", "vocab_size": 60},
+        "model": {
+            "type": model_type,
+            "d_model": 64,
+            "ff_size": 128,
+            "encoder_layers": 1,
+            "decoder_layers": 1,
+            "heads": 4,
+            "dropout": 0.0,
+            "norm": "pre",
+            "rnn_hidden": 64,
+            "attention": "general",
+        },
+        "train": {
+            "max_tokens": 512,
+            "lr_peak": 0.01,
+            "warmup_updates": 10,
+            "label_smoothing": 0.0,
+            "max_updates": 120,
+            "validate_every": 60,
+            "log_every": 20,
+            "precision": "fp32",
+            **train,
+        },
+        "decode": {"beam_size": 3, "max_len_a": 1.5, "max_len_b": 4},
+    }
+    path = tmp_path / "tiny.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    return path

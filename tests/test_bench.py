@@ -1,0 +1,27 @@
+"""The benchmark command runs on a tiny config and reports every figure it promises."""
+
+import json
+
+from conftest import tiny_config
+
+from nmt.cli import main
+
+
+def test_bench_reports_training_decoding_and_peak(tmp_path):
+    config = tiny_config(tmp_path)
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--config", str(config), "--updates", "3", "--warmup", "1", "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    train = report["training"]
+    assert train["updates"] == 3 and train["trg_tokens_per_s"] > 0
+    assert train["src_trg_tokens_per_s"] > train["trg_tokens_per_s"]
+    assert train["flops_per_trg_token"] > 0 and 0 < train["utilization_vs_fp32_peak"]
+    assert report["matmul_peak_gflops"]["fp32"] > 0
+    for mode in ("greedy", "beam5"):
+        assert report["decoding"][mode]["sentences"] == 8
+        assert report["decoding"][mode]["sentences_per_s"] > 0
+    assert report["peak_memory_mb"] > 0
+    assert not (tmp_path / "run-bench" / "checkpoints").exists() or not any(
+        (tmp_path / "run-bench" / "checkpoints").glob("*.pt")
+    )
