@@ -153,6 +153,13 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from nmt.compare import compare
+
+    print(compare([Path(d) for d in args.runs], Path(args.out), _log))
+    return 0
+
+
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
@@ -229,6 +236,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--decode-sentences", type=_positive_int, help="decode only the first N test sentences")
     p.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
     p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser(
+        "compare",
+        help="finished runs side by side: Markdown table and dev-BLEU curves (PNG)",
+        description="Summarise finished runs: model, parameters, training time and speed, dev BLEU over wall "
+        "time and updates, test BLEU/chrF (beam 5) and decoding speed.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
+    p.add_argument("--out", default="report", help="output directory (default: report)")
+    p.set_defaults(func=cmd_compare)
     return parser
 
 

@@ -23,7 +23,7 @@ from nmt.errors import NMTError
 
 CORPUS_VERSION = 1
 LEXICON_SEED = 20240601
-N_NOUNS, N_VERBS, N_ADJS, N_PREPS, N_ADVS = 60, 24, 20, 6, 6
+N_NOUNS, N_VERBS, N_ADJS, N_PREPS, N_ADVS = 40, 20, 16, 5, 5
 GENDERS = ("m", "f")
 NUMBERS = ("sg", "pl")
 
@@ -149,7 +149,7 @@ def _sample_np(rng: random.Random, lex: Lexicon) -> NounPhrase:
     noun = rng.choice(lex.nouns)
     det = rng.choice(("def", "def", "indef", "dem", "num"))
     number = "pl" if det == "num" else ("sg" if det == "indef" else rng.choice(NUMBERS))
-    n_adj = rng.choices((0, 1, 2), weights=(4, 4, 2))[0]
+    n_adj = rng.choices((0, 1, 2), weights=(5, 4, 1))[0]
     return NounPhrase(noun, number, det, rng.randrange(len(SRC_NUMS)), tuple(rng.sample(lex.adjs, n_adj)))
 
 

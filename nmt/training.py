@@ -356,7 +356,7 @@ class Trainer:
                     reason = f"reached train.max_epochs {t.max_epochs}"
                     break
                 batches = token_batches(src_lens, trg_lens, t.max_tokens, self.cfg.seed, p.epoch)
-                if p.batch_in_epoch == 0:
+                if p.batch_in_epoch == 0 and (p.epoch == 1 or len(batches) >= t.log_every):
                     self.log(
                         f"epoch {p.epoch}: {len(batches)} batches, padding "
                         f"{100 * padding_fraction(batches, src_lens, trg_lens):.1f}% of target slots"

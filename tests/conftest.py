@@ -28,7 +28,7 @@ def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Pat
     cfg = {
         "run_dir": str(tmp_path / "run"),
         "seed": 3,
-        "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix)},
+        "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix), "test": str(prefix)},
         "tokenizer": {"type": "bpe", "vocab_size": 60},
         "model": {
             "type": model_type,

@@ -211,3 +211,22 @@ def test_tiny_rnn_overfits_to_bleu_100(tmp_path, capsys):
     code, out, err = run_cli(["eval-bleu", "--model", tmp_path / "run", "--src", src, "--ref", ref, "--json"], capsys)
     assert code == 0, err
     assert json.loads(out)["bleu"] == pytest.approx(100.0)
+
+
+def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
+    rnn_dir = tmp_path / "rnn"
+    config = tiny_config(rnn_dir, model_type="rnn", max_updates=20, validate_every=10)
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    out = tmp_path / "report"
+    code, stdout, err = run_cli(["compare", trained_run / "run", rnn_dir / "run", "--out", out], capsys)
+    assert code == 0, err
+    table = (out / "compare.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "---" not in line]
+    assert len(rows) == 3  # header + two runs
+    assert "| transformer |" in rows[1] and "| rnn |" in rows[2]
+    cells = [c.strip() for c in rows[1].split("|")]
+    assert cells[7] == "100.00" and cells[8] == "100.00"  # the overfit transformer: best dev and test BLEU
+    assert float(cells[10]) > 0 and float(cells[11]) > 0  # greedy and beam-5 sentences/s
+    assert (out / "compare.png").stat().st_size > 1000
+    assert rows[1] in stdout and rows[2] in stdout

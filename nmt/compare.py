@@ -1,0 +1,138 @@
+"""``nmt compare``: finished runs side by side, as a Markdown table and one PNG figure
+(dev BLEU over training wall time and over updates)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from nmt.corpus import clean_pairs, read_parallel
+from nmt.errors import NMTError
+from nmt.scoring import corpus_scores
+
+
+@dataclass
+class RunSummary:
+    name: str
+    model_type: str
+    parameters: int
+    train_seconds: float
+    updates: int
+    trg_tokens_per_s: float
+    curve: list[dict] = field(default_factory=list)  # validation records
+    test: dict = field(default_factory=dict)  # bleu, chrf, signatures
+    decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        raise NMTError(f"{run_dir}: no metrics.jsonl: not a run directory made by 'nmt train'")
+    train, valid = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        try:
+            record = json.loads(line)
+        except ValueError:
+            raise NMTError(f"{path}:{number}: not a JSON line") from None
+        (valid if record.get("type") == "valid" else train).append(record)
+    return train, valid
+
+
+def summarize_run(run_dir: Path, log: Callable[[str], None]) -> RunSummary:
+    from nmt.translate import load_run_config, load_translator
+
+    train, valid = read_metrics(run_dir)
+    if not train:
+        raise NMTError(f"{run_dir}: the run has no training updates logged")
+    translator = load_translator(run_dir)
+    cfg = load_run_config(run_dir)
+    seconds = train[-1]["elapsed"]
+    summary = RunSummary(
+        name=str(run_dir),
+        model_type=cfg.model.type,
+        parameters=sum(p.numel() for p in translator.model.parameters()),
+        train_seconds=seconds,
+        updates=train[-1]["update"],
+        trg_tokens_per_s=sum(r["trg_tokens"] for r in train) / max(seconds, 1e-9),
+        curve=valid,
+    )
+    spec = cfg.data.test
+    if spec is None:
+        log(f"{run_dir}: no data.test in its config: test BLEU and decoding speed skipped")
+        return summary
+    src, ref = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
+    src, ref, _ = clean_pairs(src, ref)
+    for label, beam in (("greedy", 1), ("beam5", 5)):
+        start = time.perf_counter()
+        hyps = [h[0] for h in translator.translate(src, replace(cfg.decode, beam_size=beam, nbest=1))]
+        summary.decode_sentences_per_s[label] = len(src) / (time.perf_counter() - start)
+        if label == "beam5":
+            summary.test = corpus_scores(hyps, [ref]).to_dict()
+    log(
+        f"{cfg.name}: test BLEU {summary.test['bleu']:.2f}, decoding "
+        f"{summary.decode_sentences_per_s['greedy']:.1f} / {summary.decode_sentences_per_s['beam5']:.1f} sentences/s"
+    )
+    return summary
+
+
+def markdown_table(runs: list[RunSummary]) -> str:
+    head = (
+        "| run | model | parameters | training time | updates | target tokens/s | best dev BLEU "
+        "| test BLEU | test chrF | greedy sent/s | beam-5 sent/s |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n"
+    )
+
+    def number(value: float | None, digits: int = 2) -> str:
+        return "-" if value is None else f"{value:.{digits}f}"
+
+    rows = []
+    for r in runs:
+        best = max((v["dev_bleu"] for v in r.curve), default=None)
+        rows.append(
+            f"| {r.name} | {r.model_type} | {r.parameters / 1e6:.2f}M | {r.train_seconds / 60:.1f} min | {r.updates} "
+            f"| {r.trg_tokens_per_s:.0f} | {number(best)} | {number(r.test.get('bleu'))} "
+            f"| {number(r.test.get('chrf'))} | {number(r.decode_sentences_per_s.get('greedy'), 1)} "
+            f"| {number(r.decode_sentences_per_s.get('beam5'), 1)} |"
+        )
+    signature = next((r.test["bleu_signature"] for r in runs if r.test), None)
+    foot = f"\nTest scores: sacreBLEU, beam 5; BLEU signature `{signature}`.\n" if signature else ""
+    return head + "\n".join(rows) + "\n" + foot
+
+
+def plot_curves(runs: list[RunSummary], path: Path) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise NMTError("the figure needs matplotlib: pip install 'nmt[report]'") from None
+    fig, (by_time, by_update) = plt.subplots(1, 2, figsize=(11, 4))
+    for r in runs:
+        label = f"{r.name} ({r.model_type})"
+        by_time.plot([v["elapsed"] / 60 for v in r.curve], [v["dev_bleu"] for v in r.curve], marker="o", label=label)
+        by_update.plot([v["update"] for v in r.curve], [v["dev_bleu"] for v in r.curve], marker="o", label=label)
+    by_time.set_xlabel("training wall time (minutes)")
+    by_update.set_xlabel("updates")
+    for ax in (by_time, by_update):
+        ax.set_ylabel("dev BLEU")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
+    runs = [summarize_run(d, log) for d in run_dirs]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    table = markdown_table(runs)
+    figure = out_dir / "compare.png"
+    plot_curves(runs, figure)
+    (out_dir / "compare.md").write_text(table + f"\n![dev BLEU]({figure.name})\n", encoding="utf-8")
+    (out_dir / "compare.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1), encoding="utf-8")
+    log(f"wrote {out_dir / 'compare.md'}, {figure}")
+    return table
