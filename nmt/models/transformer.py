@@ -29,6 +29,7 @@ from torch import nn
 
 from nmt.config import ModelConfig
 from nmt.models.base import Seq2Seq
+from nmt.models.dropout import Dropout
 
 # ---------------------------------------------------------------------------- small pure helpers
 
@@ -194,7 +195,7 @@ class Residual(nn.Module):
     def __init__(self, d_model: int, dropout: float, pre_norm: bool):
         super().__init__()
         self.norm = nn.LayerNorm(d_model)
-        self.drop = nn.Dropout(dropout)
+        self.drop = Dropout(dropout)
         self.pre_norm = pre_norm
 
     def enter(self, x: torch.Tensor) -> torch.Tensor:
@@ -315,7 +316,7 @@ class Transformer(Seq2Seq):
         else:
             self.pos_embed = None
             self.register_buffer("pos_table", sinusoidal_positions(cfg.max_positions, cfg.d_model), persistent=False)
-        self.embed_drop = nn.Dropout(cfg.dropout)
+        self.embed_drop = Dropout(cfg.dropout)
         self.encoder = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.encoder_layers))
         self.decoder = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.decoder_layers))
         pre = cfg.norm == "pre"

@@ -1,0 +1,44 @@
+"""The byte-mask dropout: the rate it applies, unbiased scaling, seeding, and its gradient."""
+
+import pytest
+import torch
+
+from nmt.models.dropout import Dropout, byte_dropout
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3])
+def test_rate_and_unbiased_scale(p):
+    torch.manual_seed(0)
+    x = torch.ones(1000, 1000)
+    y = byte_dropout(x, p)
+    p_eff = round(256 * p) / 256
+    dropped = (y == 0).float().mean().item()
+    assert abs(dropped - p_eff) < 0.003  # 1e6 samples: std about 3e-4
+    assert torch.allclose(y[y != 0], torch.full_like(y[y != 0], 1 / (1 - p_eff)))
+    assert abs(y.mean().item() - 1.0) < 0.005
+
+
+def test_seeded_and_eval_is_identity():
+    x = torch.randn(64, 32)
+    torch.manual_seed(1)
+    a = byte_dropout(x, 0.1)
+    torch.manual_seed(1)
+    b = byte_dropout(x, 0.1)
+    assert torch.equal(a, b)
+    module = Dropout(0.1).eval()
+    assert module(x) is x
+
+
+def test_gradient_is_the_mask():
+    torch.manual_seed(0)
+    x = torch.randn(50, 40, requires_grad=True)
+    y = byte_dropout(x, 0.2)
+    y.sum().backward()
+    scale = 256 / (256 - round(256 * 0.2))
+    expected = (y.detach() != 0).float() * scale
+    assert torch.allclose(x.grad, expected)
+
+
+def test_bf16_keeps_dtype():
+    x = torch.randn(10, 10, dtype=torch.bfloat16)
+    assert byte_dropout(x, 0.1).dtype == torch.bfloat16
