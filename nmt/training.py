@@ -53,7 +53,7 @@ class Progress:
     bad_validations: int = 0  # validations since the last new best (early stopping)
     nonfinite_in_row: int = 0
     skipped_updates: int = 0
-    elapsed_seconds: float = 0.0  # training wall time over all sessions of the run
+    elapsed_seconds: float = 0.0  # wall time of training and validation over all sessions of the run
     trg_tokens: int = 0
     last_validated: int = -1
 
@@ -349,6 +349,8 @@ class Trainer:
 
             bar = tqdm(total=t.max_updates, initial=p.update, unit="upd", dynamic_ncols=True, file=sys.stderr)
         window_tokens, window_start = 0, time.perf_counter()
+        # Wall time, validation included, accumulated over every session of the run.
+        clock_base, clock_start = p.elapsed_seconds, time.perf_counter()
         reason = self._should_stop()
         with _SignalGuard() as guard:
             while reason is None:
@@ -362,11 +364,10 @@ class Trainer:
                         f"{100 * padding_fraction(batches, src_lens, trg_lens):.1f}% of target slots"
                     )
                 while p.batch_in_epoch < len(batches) and reason is None:
-                    step_start = time.perf_counter()
                     group = batches[p.batch_in_epoch : p.batch_in_epoch + t.accumulate]
                     stats = self._update(group)
                     p.batch_in_epoch += len(group)
-                    p.elapsed_seconds += time.perf_counter() - step_start
+                    p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
                     if stats is not None:
                         window_tokens += stats["trg_tokens"]
                         self.metrics.write(
@@ -393,6 +394,8 @@ class Trainer:
                             bar.update(1)
                         if p.update % t.validate_every == 0:
                             self.validate()
+                            p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+                            window_tokens, window_start = 0, time.perf_counter()
                     if guard.received is not None:
                         self._stop_on_signal(guard.received)
                     reason = self._should_stop()
