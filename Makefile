@@ -14,6 +14,8 @@ help:
 	@echo "make test           run the test suite"
 	@echo "make lint           ruff"
 	@echo "make multi30k       Multi30k de->en Transformer: fetch data, train 30 min, score test_2016_flickr"
+	@echo "make multi30k-rnn   the LSTM+attention baseline on the same data and budget"
+	@echo "make compare        both Multi30k runs side by side: report/compare.md and report/compare.png"
 	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
 
 $(BIN)/python:
@@ -43,6 +45,18 @@ multi30k: multi30k-data
 	$(BIN)/nmt train --config configs/multi30k_transformer.yaml
 	$(BIN)/nmt eval-bleu --model runs/multi30k_transformer --src data/multi30k/test_2016_flickr.de \
 		--ref data/multi30k/test_2016_flickr.en --output runs/multi30k_transformer/test.hyp
+
+multi30k-rnn: multi30k-data
+	$(BIN)/nmt train --config configs/multi30k_rnn.yaml
+
+# Both models on Multi30k under the same 30-minute budget, then the side-by-side report.
+compare: multi30k multi30k-rnn
+	$(BIN)/nmt compare runs/multi30k_transformer runs/multi30k_rnn --out report
+
+# Speed on the Multi30k config; decodes with the trained run when there is one.
+bench: multi30k-data
+	$(BIN)/nmt bench --config configs/multi30k_transformer.yaml --json runs/bench.json \
+		$$([ -f runs/multi30k_transformer/checkpoints/index.json ] && echo --model runs/multi30k_transformer)
 
 clean:
 	rm -rf runs data/demo

@@ -59,8 +59,23 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     _fsync_dir(path.parent)
 
 
+def non_finite_tensors(state_dict: dict) -> list[str]:
+    """Names of floating-point tensors holding NaN or inf."""
+    return [
+        name
+        for name, t in state_dict.items()
+        if isinstance(t, torch.Tensor) and t.is_floating_point() and not bool(torch.isfinite(t).all())
+    ]
+
+
 def save(payload: dict, path: Path) -> None:
-    """Serialise ``payload`` (tensors and plain containers) atomically, with a SHA-256 sidecar."""
+    """Serialise ``payload`` (tensors and plain containers) atomically, with a SHA-256 sidecar.
+
+    A model with non-finite weights is never written: it would poison every later resume.
+    """
+    bad = non_finite_tensors(payload.get("model", {}))
+    if bad:
+        raise NMTError(f"{path}: not written: the model has non-finite weights ({', '.join(bad[:3])})")
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **payload}, buffer)
     data = buffer.getvalue()

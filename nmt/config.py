@@ -104,6 +104,7 @@ class TrainConfig:
     log_every: int = 50
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    cpu_fallback: bool = False  # device 'cuda' without a GPU: run on CPU with a warning instead of failing
     compile: bool = False
     threads: int | None = None  # torch intra-op threads; default: all cores
     max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping

@@ -33,9 +33,12 @@ def select_device(name: str, cuda_available: bool | None = None, fallback_to_cpu
         return torch.device("cuda" if cuda_available else "cpu")
     if name == "cuda" and not cuda_available:
         if fallback_to_cpu:
-            warnings.warn("train.device is 'cuda' but no GPU is available: running on CPU", stacklevel=2)
+            warnings.warn("train.device is 'cuda' but no GPU is available: running on CPU", stacklevel=3)
             return torch.device("cpu")
-        raise NMTError("config key 'train.device': 'cuda' was asked for but no CUDA GPU is available")
+        raise NMTError(
+            "config key 'train.device': 'cuda' was asked for but no CUDA GPU is available "
+            "(set train.cpu_fallback: true to run on CPU instead)"
+        )
     return torch.device(name)
 
 
@@ -80,7 +83,7 @@ class Precision:
         return torch.amp.GradScaler(self.device_type, enabled=self.name == "fp16")
 
 
-def resolve(device_name: str, precision_name: str) -> tuple[torch.device, Precision]:
-    device = select_device(device_name)
+def resolve(device_name: str, precision_name: str, cpu_fallback: bool = False) -> tuple[torch.device, Precision]:
+    device = select_device(device_name, fallback_to_cpu=cpu_fallback)
     name = select_precision(precision_name, device.type, bf16_supported_on(device))
     return device, Precision(device.type, name)

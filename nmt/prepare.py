@@ -103,7 +103,7 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
                 _unflatten(payload["src"], payload["src_offsets"]), _unflatten(payload["trg"], payload["trg_offsets"])
             )
             log(f"train: reusing {len(train)} encoded pairs from {cache}")
-            return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg))
+            return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1))
 
     train_src, train_trg = _read_clean(cfg.data.train, cfg, "train", log)
     src_tok, trg_tok = train_or_load_tokenizers(
@@ -134,8 +134,14 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
         },
         cache,
     )
-    return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg))
+    return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1))
 
 
-def _encode(src_tok: Tokenizer, trg_tok: Tokenizer, src: list[str], trg: list[str]) -> EncodedCorpus:
-    return EncodedCorpus(src_tok.encode(src), trg_tok.encode(trg))
+def _encode(
+    src_tok: Tokenizer, trg_tok: Tokenizer, src: list[str], trg: list[str], limit: int | None = None
+) -> EncodedCorpus:
+    """Encode both sides; ``limit`` truncates (dev pairs are scored whole but must fit the model)."""
+    src_ids, trg_ids = src_tok.encode(src), trg_tok.encode(trg)
+    if limit is not None:
+        src_ids, trg_ids = [s[:limit] for s in src_ids], [t[:limit] for t in trg_ids]
+    return EncodedCorpus(src_ids, trg_ids)

@@ -178,7 +178,7 @@ class Trainer:
             torch.set_num_threads(cfg.train.threads)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.device, self.precision = resolve(cfg.train.device, cfg.train.precision)
+        self.device, self.precision = resolve(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
         self.data: Prepared = prepare(cfg, run_dir, self.log)
         tok = self.data.trg_tok
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)

@@ -19,6 +19,17 @@ from nmt.search import beam_search, greedy_search
 from nmt.tokenizer import Tokenizer, load_tokenizers
 
 
+def max_source_length(max_positions: int | None, decode: DecodeConfig) -> int:
+    """Longest source (in subwords, before EOS) whose source and allowed output both fit the
+    model's positions: src + 1 <= P and a * src + b <= P - 1. Longer inputs are truncated."""
+    if max_positions is None:
+        return 1 << 30
+    limit = max_positions - 1
+    if decode.max_len_a > 0:
+        limit = min(limit, int((max_positions - 1 - decode.max_len_b) / decode.max_len_a))
+    return max(1, limit)
+
+
 @dataclass
 class Translator:
     """A model with its tokenizers, ready to translate text."""
@@ -40,8 +51,7 @@ class Translator:
         self.model.eval()
         tok = self.trg_tok
         results: list[list[tuple[list[int], float]]] = [[] for _ in src_ids]
-        # Room for the EOS the batch appends, and never past the model's positions.
-        max_src = getattr(self.model, "max_positions", 1 << 30) - 1
+        max_src = max_source_length(self.model.max_positions, decode)
         src_ids = [s[:max_src] for s in src_ids]
         lengths = [len(s) for s in src_ids]
         with torch.inference_mode(), self.precision.autocast():
@@ -77,15 +87,14 @@ class Translator:
     def translate(
         self, lines: list[str], decode: DecodeConfig, progress: Callable[[int], None] | None = None
     ) -> list[list[str]]:
-        """Detokenized n-best translations per input line, in input order."""
-        src_ids = self.src_tok.encode(lines)
+        """Detokenized n-best translations per input line, in input order; a blank line stays blank."""
+        filled = [i for i, line in enumerate(lines) if line.strip()]
+        src_ids = self.src_tok.encode([lines[i] for i in filled])
         nbest = self.translate_ids(src_ids, decode, progress)
-        flat = [ids for hyps in nbest for ids, _ in hyps]
-        texts = self.trg_tok.decode(flat)
-        out, i = [], 0
-        for hyps in nbest:
-            out.append(texts[i : i + len(hyps)])
-            i += len(hyps)
+        texts = iter(self.trg_tok.decode([ids for hyps in nbest for ids, _ in hyps]))
+        out: list[list[str]] = [[""] for _ in lines]
+        for i, hyps in zip(filled, nbest):
+            out[i] = [next(texts) for _ in hyps]
         return out
 
 

@@ -101,3 +101,12 @@ def test_rng_state_roundtrip():
     checkpoint.set_rng_state(state)
     b = (random.random(), torch.rand(3))
     assert a[0] == b[0] and torch.equal(a[1], b[1])
+
+
+def test_non_finite_weights_are_never_written(tmp_path):
+    bad = payload(1.0)
+    bad["model"]["w"][1, 1] = float("nan")
+    path = tmp_path / "update_00000001.pt"
+    with pytest.raises(NMTError, match="non-finite weights \\(w\\)"):
+        checkpoint.save(bad, path)
+    assert not path.exists()

@@ -19,6 +19,7 @@ class Seq2Seq(nn.Module):
     """Encoder-decoder with a teacher-forced forward pass and incremental decoding."""
 
     pad_id: int
+    max_positions: int | None = None  # longest sequence (source or target) the model accepts; None: any
 
     def forward(self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor) -> torch.Tensor:
         """Teacher forcing: logits [B, T, V] for every target position at once."""

@@ -307,6 +307,7 @@ class Transformer(Seq2Seq):
                 f"tie_embeddings needs one shared vocabulary, got sizes {src_vocab_size} and {trg_vocab_size}"
             )
         self.cfg, self.pad_id, self.d_model = cfg, pad_id, cfg.d_model
+        self.max_positions = cfg.max_positions
         self.trg_embed = nn.Embedding(trg_vocab_size, cfg.d_model, padding_idx=pad_id)
         self.src_embed = (
             self.trg_embed if cfg.tie_embeddings else nn.Embedding(src_vocab_size, cfg.d_model, padding_idx=pad_id)

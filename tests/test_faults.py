@@ -1,0 +1,204 @@
+"""Fault injection: kill -9 and resume, SIGTERM and SIGINT, and hostile input to every command."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import PAIRS, tiny_config
+
+from nmt import checkpoint
+from nmt.cli import main
+
+
+def start_training(config: Path, *overrides: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(config)]
+    for o in overrides:
+        args += ["--set", o]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_updates(run_dir: Path, n: int, proc: subprocess.Popen, timeout: float = 120) -> int:
+    """Block until metrics.jsonl holds ``n`` training updates; return how many it holds."""
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if metrics.exists():
+            count = metrics.read_text().count('"type": "train"')
+            if count >= n:
+                return count
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.01)
+    raise AssertionError(f"no {n} updates within {timeout} s")
+
+
+def final_model(run_dir: Path):
+    [latest, *_] = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
+    return latest.update, checkpoint.load(latest.path)["model"]
+
+
+SETTINGS = ["model.dropout=0.1", "train.max_updates=400", "train.validate_every=10", "train.max_tokens=128"]
+
+
+def test_kill_9_then_resume_equals_uninterrupted(tmp_path):
+    straight = tiny_config(tmp_path / "a")
+    assert main(["train", "--config", str(straight), *sum((["--set", s] for s in SETTINGS), [])]) == 0
+
+    killed = tiny_config(tmp_path / "b")
+    proc = start_training(killed, *SETTINGS)
+    wait_for_updates(tmp_path / "b" / "run", 25, proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert main(["train", "--config", str(killed), *sum((["--set", s] for s in SETTINGS), [])]) == 0
+
+    (ua, wa), (ub, wb) = final_model(tmp_path / "a" / "run"), final_model(tmp_path / "b" / "run")
+    assert ua == ub == 400
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
+
+
+def test_sigterm_writes_checkpoint_and_exits_143(tmp_path):
+    config = tiny_config(tmp_path)
+    proc = start_training(config, *SETTINGS[1:], "train.validate_every=1000")
+    wait_for_updates(tmp_path / "run", 5, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "Traceback" not in err
+    assert "SIGTERM received: checkpoint written at update" in err and "resume with: nmt train --config" in err
+    update, _ = final_model(tmp_path / "run")
+    assert update >= 5
+
+
+def test_second_sigint_exits_at_once_and_leaves_checkpoints_readable(tmp_path):
+    config = tiny_config(tmp_path)
+    proc = start_training(config, *SETTINGS[1:])
+    wait_for_updates(tmp_path / "run", 15, proc)
+    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    for info in checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints", "update"):
+        checkpoint.load(info.path)  # raises on a half-written file
+
+
+# ---------------------------------------------------------------- hostile input, table-driven
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("hostile")
+    config = tiny_config(tmp, max_updates=60, validate_every=60)
+    assert main(["train", "--config", str(config)]) == 0
+    return tmp
+
+
+def translate(run: Path, input_path: Path, capsys, *extra):
+    code = main(["translate", "--model", str(run / "run"), "--input", str(input_path), "--beam-size", "2", *extra])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_bom_crlf_and_blank_lines_are_handled(run, tmp_path, capsys):
+    path = tmp_path / "in.txt"
+    path.write_bytes(b"\xef\xbb\xbfder hund sieht die katze\r\n\r\ndie katze sieht den hund\r\n")
+    code, out, err = translate(run, path, capsys)
+    assert code == 0, err
+    lines = out.split("\n")[:-1]
+    assert len(lines) == 3 and lines[1] == "" and "\r" not in out and "\ufeff" not in out
+
+
+def test_unseen_characters_and_a_huge_line_are_translated(run, tmp_path, capsys):
+    path = tmp_path / "in.txt"
+    path.write_text("Ωμέγα 漢字 der hund\n" + "katze " * 200_000 + "\n", encoding="utf-8")
+    code, out, err = translate(run, path, capsys, "--max-len-a", "0", "--max-len-b", "20")
+    assert code == 0, err
+    assert len(out.split("\n")[:-1]) == 2
+
+
+def test_empty_input_gives_empty_output(run, tmp_path, capsys):
+    path = tmp_path / "empty.txt"
+    path.write_text("")
+    code, out, err = translate(run, path, capsys)
+    assert code == 0 and out == "", err
+
+
+def _hostile_cases(run: Path, tmp: Path):
+    data = run / "data"
+    good = yaml.safe_load((run / "tiny.yaml").read_text())
+
+    def config(name, mutate):
+        cfg = yaml.safe_load(yaml.safe_dump(good))
+        cfg["run_dir"] = str(tmp / f"run_{name}")
+        mutate(cfg)
+        path = tmp / f"{name}.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        return ["train", "--config", str(path)]
+
+    blank = tmp / "blank"
+    (tmp / "blank.de").write_text("\n\n  \n")
+    (tmp / "blank.en").write_text("\n\n\n")
+    (tmp / "adir.de").mkdir()
+    (tmp / "adir.en").write_text("x\n")
+    (tmp / "hyp_empty.txt").write_text("")
+    (tmp / "hyp_short.txt").write_text("the dog\n")
+    return [
+        ("only blank lines", config("blank", lambda c: c["data"].update(train=str(blank))), "empty after cleaning"),
+        ("directory for a file", config("adir", lambda c: c["data"].update(train=str(tmp / "adir"))), "adir.de"),
+        (
+            "vocabulary too large",
+            config("vocab", lambda c: c["tokenizer"].update(vocab_size=5000)),
+            "tokenizer.vocab_size",
+        ),
+        (
+            "warmup beyond total",
+            config("warm", lambda c: c["train"].update(warmup_updates=500, max_updates=100)),
+            "train.warmup_updates",
+        ),
+        ("cuda without a GPU", config("cuda", lambda c: c["train"].update(device="cuda")), "train.device"),
+        ("input is a directory", ["translate", "--model", str(run / "run"), "--input", str(data)], "directory"),
+        ("empty hypotheses", ["eval-bleu", "--hyp", str(tmp / "hyp_empty.txt"), "--ref", str(data / "train.en")], "empty"),
+        (
+            "hypothesis and reference lengths differ",
+            ["eval-bleu", "--hyp", str(tmp / "hyp_short.txt"), "--ref", str(data / "train.en")],
+            f"has {len(PAIRS)} lines but the hypotheses have 1",
+        ),
+        ("input file missing", ["translate", "--model", str(run / "run"), "--input", str(tmp / "nope")], "nope"),
+    ]
+
+
+def test_hostile_inputs_give_one_line_errors(run, tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("the 'cuda without a GPU' row needs a machine without a GPU")
+    for name, argv, expected in _hostile_cases(run, tmp_path):
+        code = main(argv)
+        err = capsys.readouterr().err
+        errors = [line for line in err.splitlines() if "error:" in line]
+        assert code == 2, f"{name}: exit {code}, {err!r}"
+        assert "Traceback" not in err, name
+        assert len(errors) == 1 and expected in errors[0], f"{name}: {err!r}"
+
+
+def test_cpu_fallback_switch_runs_on_cpu_with_a_warning(tmp_path, capsys):
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without a GPU")
+    config = tiny_config(tmp_path, max_updates=3, warmup_updates=1, validate_every=3)
+    with pytest.warns(UserWarning, match="running on CPU"):
+        code = main(["train", "--config", str(config), "--set", "train.device=cuda", "--set", "train.cpu_fallback=true"])
+    assert code == 0
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
+def test_permission_denied_input(run, tmp_path, capsys):
+    path = tmp_path / "secret.txt"
+    path.write_text("der hund\n")
+    path.chmod(0)
+    code, _, err = translate(run, path, capsys)
+    assert code == 2 and "secret.txt" in err and "ermission" in err
