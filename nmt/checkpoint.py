@@ -13,6 +13,7 @@ import io
 import json
 import os
 import re
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,8 +26,22 @@ from nmt.errors import NMTError
 FORMAT = "nmt-checkpoint-1"
 _UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")
 
-# Test hook: called between writing the temporary file and renaming it (simulates a crash there).
+# Test hooks that simulate a crash between writing the temporary file and renaming it: a
+# callable set by in-process tests, or NMT_TEST_KILL_BEFORE_RENAME=N in the environment, which
+# makes a training process SIGKILL itself during its N-th checkpoint write (fault-injection tests).
 _before_rename: Callable[[Path], None] | None = None
+_writes = 0
+
+
+def _fault_injection(tmp: Path) -> None:
+    global _writes
+    if _before_rename is not None:
+        _before_rename(tmp)
+    target = os.environ.get("NMT_TEST_KILL_BEFORE_RENAME")
+    if target and re.match(r"\.update_\d{8}\.pt\.tmp", tmp.name):
+        _writes += 1
+        if _writes == int(target):
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _fsync_dir(directory: Path) -> None:
@@ -50,8 +65,7 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        if _before_rename is not None:
-            _before_rename(tmp)
+        _fault_injection(tmp)
         os.replace(tmp, path)
     except OSError as e:
         tmp.unlink(missing_ok=True)
@@ -144,6 +158,8 @@ class CheckpointManager:
         self.keep_best = keep_best
         directory.mkdir(parents=True, exist_ok=True)
         self.index_path = directory / "index.json"
+        for torn in directory.glob(".*.tmp*"):  # temporary files of a process that died mid-write
+            torn.unlink(missing_ok=True)
 
     def read_index(self) -> dict:
         try:

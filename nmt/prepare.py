@@ -103,7 +103,14 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
                 _unflatten(payload["src"], payload["src_offsets"]), _unflatten(payload["trg"], payload["trg_offsets"])
             )
             log(f"train: reusing {len(train)} encoded pairs from {cache}")
-            return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1))
+            return Prepared(
+                src_tok,
+                trg_tok,
+                train,
+                dev_src,
+                dev_trg,
+                _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1),
+            )
 
     train_src, train_trg = _read_clean(cfg.data.train, cfg, "train", log)
     src_tok, trg_tok = train_or_load_tokenizers(
@@ -134,7 +141,14 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
         },
         cache,
     )
-    return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1))
+    return Prepared(
+        src_tok,
+        trg_tok,
+        train,
+        dev_src,
+        dev_trg,
+        _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1),
+    )
 
 
 def _encode(

@@ -164,7 +164,11 @@ def _hostile_cases(run: Path, tmp: Path):
         ),
         ("cuda without a GPU", config("cuda", lambda c: c["train"].update(device="cuda")), "train.device"),
         ("input is a directory", ["translate", "--model", str(run / "run"), "--input", str(data)], "directory"),
-        ("empty hypotheses", ["eval-bleu", "--hyp", str(tmp / "hyp_empty.txt"), "--ref", str(data / "train.en")], "empty"),
+        (
+            "empty hypotheses",
+            ["eval-bleu", "--hyp", str(tmp / "hyp_empty.txt"), "--ref", str(data / "train.en")],
+            "empty",
+        ),
         (
             "hypothesis and reference lengths differ",
             ["eval-bleu", "--hyp", str(tmp / "hyp_short.txt"), "--ref", str(data / "train.en")],
@@ -191,7 +195,9 @@ def test_cpu_fallback_switch_runs_on_cpu_with_a_warning(tmp_path, capsys):
         pytest.skip("needs a machine without a GPU")
     config = tiny_config(tmp_path, max_updates=3, warmup_updates=1, validate_every=3)
     with pytest.warns(UserWarning, match="running on CPU"):
-        code = main(["train", "--config", str(config), "--set", "train.device=cuda", "--set", "train.cpu_fallback=true"])
+        code = main(
+            ["train", "--config", str(config), "--set", "train.device=cuda", "--set", "train.cpu_fallback=true"]
+        )
     assert code == 0
 
 
@@ -202,3 +208,27 @@ def test_permission_denied_input(run, tmp_path, capsys):
     path.chmod(0)
     code, _, err = translate(run, path, capsys)
     assert code == 2 and "secret.txt" in err and "ermission" in err
+
+
+def test_kill_9_during_a_checkpoint_write_then_resume(tmp_path):
+    """The process dies between writing a checkpoint's temporary file and renaming it: the
+    previous checkpoint is intact, resume continues from it and ends where a clean run ends."""
+    straight = tiny_config(tmp_path / "a")
+    settings = sum((["--set", s] for s in SETTINGS), [])
+    assert main(["train", "--config", str(straight), *settings]) == 0
+
+    crashed = tiny_config(tmp_path / "b")
+    env = {**os.environ, "NMT_TEST_KILL_BEFORE_RENAME": "3"}  # dies writing update_00000030.pt
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(crashed), *settings]
+    result = subprocess.run(args, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == -signal.SIGKILL, result.stderr
+    ckpt_dir = tmp_path / "b" / "run" / "checkpoints"
+    assert [c.update for c in checkpoint.list_checkpoints(ckpt_dir, "update")] == [20, 10]
+    assert any(p.name.startswith(".update_00000030.pt.tmp") for p in ckpt_dir.iterdir())  # the torn write
+    assert main(["train", "--config", str(crashed), *settings]) == 0
+    assert not any(".tmp" in p.name for p in ckpt_dir.iterdir())  # cleaned up on resume
+
+    (ua, wa), (ub, wb) = final_model(tmp_path / "a" / "run"), final_model(tmp_path / "b" / "run")
+    assert ua == ub == 400
+    for name in wa:
+        assert torch.equal(wa[name], wb[name]), name
