@@ -73,8 +73,7 @@ def _read_clean(spec: CorpusConfig, cfg: Config, split: str, log: Callable[[str]
 
 
 def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
-    data_dir = run_dir / "data"
-    data_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "data").mkdir(parents=True, exist_ok=True)
     if cfg.data.synthetic:
         from nmt.synthetic import write_synthetic_corpus
 
@@ -87,31 +86,35 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
         )
 
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
-    cache = data_dir / "train.pt"
-    tok_paths = sorted(run_dir.glob("spm*.model"))
-    if cache.exists() and tok_paths:
-        src_tok, trg_tok = train_or_load_tokenizers(
-            cfg.tokenizer, [], [], run_dir, cfg.data.src_lang, cfg.data.trg_lang
-        )
-        try:
-            payload = checkpoint.load(cache)
-        except NMTError as e:
-            log(f"{e}; re-encoding the training data")
-            payload = {}
-        if payload.get("fingerprint") == _fingerprint(cfg, tok_paths):
-            train = EncodedCorpus(
-                _unflatten(payload["src"], payload["src_offsets"]), _unflatten(payload["trg"], payload["trg_offsets"])
-            )
-            log(f"train: reusing {len(train)} encoded pairs from {cache}")
-            return Prepared(
-                src_tok,
-                trg_tok,
-                train,
-                dev_src,
-                dev_trg,
-                _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1),
-            )
+    cached = _load_cached_train(cfg, run_dir, log)
+    src_tok, trg_tok, train = cached if cached is not None else _encode_train(cfg, run_dir, log)
+    dev = _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1)
+    return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, dev)
 
+
+def _load_cached_train(cfg: Config, run_dir: Path, log: Callable[[str], None]):
+    """(tokenizers, encoded training set) from an earlier preparation of this run, or None."""
+    cache = run_dir / "data" / "train.pt"
+    tok_paths = sorted(run_dir.glob("spm*.model"))
+    if not (cache.exists() and tok_paths):
+        return None
+    try:
+        payload = checkpoint.load(cache)
+    except NMTError as e:
+        log(f"{e}; re-encoding the training data")
+        return None
+    if payload.get("fingerprint") != _fingerprint(cfg, tok_paths):
+        return None
+    src_tok, trg_tok = train_or_load_tokenizers(cfg.tokenizer, [], [], run_dir, cfg.data.src_lang, cfg.data.trg_lang)
+    train = EncodedCorpus(
+        _unflatten(payload["src"], payload["src_offsets"]), _unflatten(payload["trg"], payload["trg_offsets"])
+    )
+    log(f"train: reusing {len(train)} encoded pairs from {cache}")
+    return src_tok, trg_tok, train
+
+
+def _encode_train(cfg: Config, run_dir: Path, log: Callable[[str], None]):
+    """Read, clean, train or reuse SentencePiece, encode, length-filter, and cache the training set."""
     train_src, train_trg = _read_clean(cfg.data.train, cfg, "train", log)
     src_tok, trg_tok = train_or_load_tokenizers(
         cfg.tokenizer, train_src, train_trg, run_dir, cfg.data.src_lang, cfg.data.trg_lang
@@ -130,25 +133,10 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
     train = EncodedCorpus([train.src[i] for i in keep], [train.trg[i] for i in keep])
     src_flat, src_off = _flatten(train.src)
     trg_flat, trg_off = _flatten(train.trg)
-    tok_paths = sorted(run_dir.glob("spm*.model"))
-    checkpoint.save(
-        {
-            "fingerprint": _fingerprint(cfg, tok_paths),
-            "src": src_flat,
-            "src_offsets": src_off,
-            "trg": trg_flat,
-            "trg_offsets": trg_off,
-        },
-        cache,
-    )
-    return Prepared(
-        src_tok,
-        trg_tok,
-        train,
-        dev_src,
-        dev_trg,
-        _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1),
-    )
+    payload = {"src": src_flat, "src_offsets": src_off, "trg": trg_flat, "trg_offsets": trg_off}
+    payload["fingerprint"] = _fingerprint(cfg, sorted(run_dir.glob("spm*.model")))
+    checkpoint.save(payload, run_dir / "data" / "train.pt")
+    return src_tok, trg_tok, train
 
 
 def _encode(
