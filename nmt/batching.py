@@ -9,8 +9,8 @@ special token is added here, once.
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 import torch
@@ -43,42 +43,49 @@ class Batch:
         )
 
 
-def _length_mask(lengths: list[int]) -> torch.Tensor:
+def _length_mask(lengths: np.ndarray) -> torch.Tensor:
     """[B, max(lengths)] bool, True in the first ``lengths[b]`` slots of row b."""
-    lens = torch.tensor(lengths, dtype=torch.long)
+    lens = torch.from_numpy(lengths)
     return torch.arange(int(lens.max())).unsqueeze(0) < lens.unsqueeze(1)
 
 
-def _padded(flat_ids: list[int], mask: torch.Tensor, pad_id: int) -> torch.Tensor:
-    # Boolean-mask assignment fills row-major, which is exactly the concatenation order.
+def _padded(
+    seqs: Sequence[Sequence[int]], lengths: np.ndarray, mask: torch.Tensor, pad_id: int, *, first: bool, special: int
+) -> torch.Tensor:
+    """Rows of ``seqs`` with ``special`` added first (BOS) or last (EOS), padded to ``mask``'s shape."""
+    flat = np.concatenate([np.asarray(s, dtype=np.int64) for s in seqs] + [np.zeros(0, dtype=np.int64)])
+    starts = np.cumsum(lengths) - lengths  # where each sentence starts in ``flat``
+    flat = np.insert(flat, starts if first else starts + lengths, special)
     out = torch.full(mask.shape, pad_id, dtype=torch.long)
-    out[mask] = torch.tensor(flat_ids, dtype=torch.long)
+    out[mask] = torch.from_numpy(flat)  # boolean-mask assignment fills row-major: the concatenation order
     return out
 
 
 def make_batch(
-    src_ids: list[list[int]],
-    trg_ids: list[list[int]] | None,
-    indices: list[int],
+    src_ids: Sequence[Sequence[int]],
+    trg_ids: Sequence[Sequence[int]] | None,
+    indices: Sequence[int],
     pad_id: int,
     bos_id: int,
     eos_id: int,
 ) -> Batch:
-    """Pad one batch; ``trg_ids`` None builds a source-only batch for translation."""
-    if not src_ids:
+    """Pad one batch of id lists or arrays; ``trg_ids`` None builds a source-only batch for translation."""
+    if len(src_ids) == 0:
         raise ValueError("make_batch needs at least one sentence")
-    eos = [eos_id]
-    src_mask = _length_mask([len(s) + 1 for s in src_ids])
-    src = _padded(list(chain.from_iterable(s + eos for s in src_ids)), src_mask, pad_id)
-    n_src_tokens = int(src_mask.sum())
+    src_lens = np.fromiter((len(s) for s in src_ids), dtype=np.int64, count=len(src_ids))
+    src_mask = _length_mask(src_lens + 1)
+    src = _padded(src_ids, src_lens, src_mask, pad_id, first=False, special=eos_id)
+    n_src_tokens = int(src_lens.sum()) + len(src_ids)
+    rows = np.asarray(indices, dtype=np.int64).tolist()
     if trg_ids is None:
-        return Batch(src, src_mask, None, None, 0, n_src_tokens, list(indices))
+        return Batch(src, src_mask, None, None, 0, n_src_tokens, rows)
     if len(trg_ids) != len(src_ids):
         raise ValueError(f"make_batch: {len(src_ids)} source but {len(trg_ids)} target sentences")
-    trg_mask = _length_mask([len(t) + 1 for t in trg_ids])
-    trg_in = _padded(list(chain.from_iterable([bos_id] + t for t in trg_ids)), trg_mask, pad_id)
-    trg_out = _padded(list(chain.from_iterable(t + eos for t in trg_ids)), trg_mask, pad_id)
-    return Batch(src, src_mask, trg_in, trg_out, int(trg_mask.sum()), n_src_tokens, list(indices))
+    trg_lens = np.fromiter((len(t) for t in trg_ids), dtype=np.int64, count=len(trg_ids))
+    trg_mask = _length_mask(trg_lens + 1)
+    trg_in = _padded(trg_ids, trg_lens, trg_mask, pad_id, first=True, special=bos_id)
+    trg_out = _padded(trg_ids, trg_lens, trg_mask, pad_id, first=False, special=eos_id)
+    return Batch(src, src_mask, trg_in, trg_out, int(trg_lens.sum()) + len(trg_ids), n_src_tokens, rows)
 
 
 # --------------------------------------------------------------------------- batch plans
@@ -105,14 +112,34 @@ def _greedy_cuts(sizes_sorted: np.ndarray, max_tokens: int) -> list[int]:
     return counts
 
 
-def _split(order: np.ndarray, counts: list[int]) -> list[list[int]]:
-    flat = order.tolist()  # one conversion, then cheap list slices (np.split is ~10x slower here)
-    batches = []
-    start = 0
-    for count in counts:
-        batches.append(flat[start : start + count])
-        start += count
-    return batches
+class BatchPlan(Sequence):
+    """An epoch's batches as slices of one index array: numpy ints, not millions of Python ones.
+
+    ``plan[i]`` is batch i (an int array of corpus indices); ``plan[i:j]`` a list of them.
+    """
+
+    def __init__(self, order: np.ndarray, bounds: np.ndarray):
+        self.order = order  # corpus indices, grouped batch after batch
+        self.bounds = bounds  # [n_batches, 2] start/end of each batch in ``order``, in plan order
+
+    def __len__(self) -> int:
+        return len(self.bounds)
+
+    def __getitem__(self, i):
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(len(self)))]
+        start, end = self.bounds[i]
+        return self.order[start:end]
+
+    def tolist(self) -> list[list[int]]:
+        return [b.tolist() for b in self]
+
+
+def _plan(order: np.ndarray, counts: list[int]) -> BatchPlan:
+    ends = np.cumsum(np.asarray(counts, dtype=np.int64))
+    bounds = np.stack([ends - np.asarray(counts, dtype=np.int64), ends], axis=1)
+    index_type = np.int32 if order.size < 2**31 else np.int64  # halves the resident plan
+    return BatchPlan(order.astype(index_type), bounds)
 
 
 def _narrow(key: np.ndarray) -> np.ndarray:
@@ -139,8 +166,8 @@ def _seed_for(seed: int, epoch: int) -> int:
 
 
 def token_batches(
-    src_lens: list[int], trg_lens: list[int], max_tokens: int, seed: int | None, epoch: int
-) -> list[list[int]]:
+    src_lens: Sequence[int], trg_lens: Sequence[int], max_tokens: int, seed: int | None, epoch: int
+) -> BatchPlan:
     """Corpus indices grouped into length-bucketed batches; every index appears exactly once.
 
     Pure: the same arguments always give the same list (the trainer resumes mid-epoch by
@@ -152,13 +179,16 @@ def token_batches(
     if src.shape != trg.shape:
         raise ValueError(f"token_batches: {src.size} source but {trg.size} target lengths")
     if src.size == 0:
-        return []
+        return _plan(np.zeros(0, dtype=np.int64), [])
     order = _length_order(src, trg, None if seed is None else _seed_for(seed, epoch))
     sizes = np.maximum(src, trg)[order]
-    batches = _split(order, _greedy_cuts(sizes, max_tokens))
+    plan = _plan(order, _greedy_cuts(sizes, max_tokens))
     if seed is not None:
-        random.Random(_seed_for(seed, epoch)).shuffle(batches)
-    return batches
+        # The same permutation a list of the batches would get from random.shuffle with this seed.
+        permutation = list(range(len(plan)))
+        random.Random(_seed_for(seed, epoch)).shuffle(permutation)
+        plan.bounds = plan.bounds[permutation]
+    return plan
 
 
 def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
@@ -170,20 +200,20 @@ def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     if sizes.size == 0:
         return []
     order = np.argsort(_narrow(sizes), kind="stable")
-    return _split(order, _greedy_cuts(sizes[order], max_tokens))
+    return _plan(order, _greedy_cuts(sizes[order], max_tokens)).tolist()
 
 
-def padding_fraction(batches: list[list[int]], src_lens: list[int], trg_lens: list[int]) -> float:
+def padding_fraction(batches: Sequence[Sequence[int]], src_lens: Sequence[int], trg_lens: Sequence[int]) -> float:
     """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding.
 
     ``src_lens`` is unused: the target side is what the loss pays for; kept for a symmetric call.
     """
     del src_lens
-    batches = [b for b in batches if b]
+    batches = [np.asarray(b, dtype=np.int64) for b in batches if len(b)]
     if not batches:
         return 0.0
     trg = np.asarray(trg_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
-    flat = np.fromiter(chain.from_iterable(batches), dtype=np.int64)
+    flat = np.concatenate(batches)
     rows = np.array([len(b) for b in batches], dtype=np.int64)
     starts = np.concatenate(([0], np.cumsum(rows)[:-1]))
     lens = trg[flat]

@@ -51,8 +51,7 @@ def _peak_memory_mb(device: torch.device) -> float:
 def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None]) -> dict:
     """Time ``updates`` real optimizer updates after ``warmup`` untimed ones."""
     data, cfg = trainer.data.train, trainer.cfg
-    src_lens, trg_lens = [len(s) for s in data.src], [len(t) for t in data.trg]
-    batches = token_batches(src_lens, trg_lens, cfg.train.max_tokens, cfg.seed, 1)
+    batches = token_batches(data.src_lens, data.trg_lens, cfg.train.max_tokens, cfg.seed, 1)
     acc = cfg.train.accumulate
     groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
     needed = warmup + updates

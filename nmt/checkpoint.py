@@ -1,7 +1,7 @@
 """Checkpoints that survive crashes and never execute code on load.
 
-A checkpoint is written to a temporary file in the same directory, flushed, fsynced and
-renamed, so a crash at any moment leaves either the old file or the new one, complete.
+A checkpoint is written with ``files.atomic_write``, so a crash at any moment leaves either
+the old file or the new one, complete.
 A SHA-256 sidecar detects later truncation or corruption. Loading uses
 ``torch.load(weights_only=True)``: tensors and plain containers only, never pickled objects.
 """
@@ -21,6 +21,7 @@ from typing import Any
 
 import torch
 
+from nmt import files
 from nmt.errors import NMTError
 
 FORMAT = "nmt-checkpoint-1"
@@ -44,33 +45,12 @@ def _fault_injection(tmp: Path) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def _fsync_dir(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old content or the new, never a mix."""
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        _fault_injection(tmp)
-        os.replace(tmp, path)
+        files.atomic_write_bytes(path, data, before_rename=_fault_injection)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
         raise NMTError(f"{path}: could not write checkpoint ({e.strerror or e}); the previous one is intact") from None
-    _fsync_dir(path.parent)
 
 
 def non_finite_tensors(state_dict: dict) -> list[str]:

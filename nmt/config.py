@@ -30,6 +30,7 @@ class CorpusConfig:
     src_column: str | None = None  # one column per language; default: `translation` dict or the language code
     trg_column: str | None = None
     max_pairs: int | None = None  # read at most this many pairs
+    streaming: bool = True  # hf: stream rows instead of converting the whole dataset to Arrow first
 
 
 @dataclass
@@ -44,6 +45,8 @@ class DataConfig:
     synthetic: bool = False  # generate the built-in synthetic corpus into the paths above first
     synthetic_seed: int = 1
     synthetic_train_pairs: int = 6000
+    shard_pairs: int = 100_000  # training pairs per binarized shard (one encoding task each)
+    workers: int | None = None  # processes encoding shards; default: one per CPU core
 
 
 @dataclass
@@ -140,6 +143,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "data.max_len": _POSITIVE,
     "data.max_len_ratio": _POSITIVE,
     "data.synthetic_train_pairs": _POSITIVE,
+    "data.shard_pairs": _POSITIVE,
+    "data.workers": _POSITIVE,
     "tokenizer.vocab_size": (lambda v: v >= 16, "must be >= 16"),
     "tokenizer.character_coverage": (lambda v: 0.9 <= v <= 1.0, "must be in [0.9, 1]"),
     "tokenizer.input_sentence_size": _POSITIVE,

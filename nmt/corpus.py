@@ -1,7 +1,8 @@
 """Reading and cleaning parallel text: plain file pairs, TSV files and Hugging Face datasets.
 
-Every failure caused by the user's data becomes a one-line ``NMTError`` naming the file and
-line (or the dataset and column) at fault; nothing here lets a traceback escape for bad input.
+Every reader streams: ``iter_parallel`` yields aligned chunks of sentence pairs, so a corpus
+of millions of pairs is never held in memory at once. Every failure caused by the user's data
+becomes a one-line ``NMTError`` naming the file and line (or the dataset and column) at fault.
 """
 
 from __future__ import annotations
@@ -9,6 +10,8 @@ from __future__ import annotations
 import gzip
 import os
 import zlib
+from collections.abc import Iterator
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -19,52 +22,83 @@ from nmt.errors import NMTError
 
 _BOM = b"\xef\xbb\xbf"
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # written by Dataset(Dict).save_to_disk
+_BLOCK_BYTES = 1 << 22  # text is decoded 4 MiB at a time: one C-level decode per block, flat memory
+CHUNK_PAIRS = 50_000  # pairs per chunk when a caller does not choose
+
+Chunk = tuple[list[str], list[str]]
 
 
 # --------------------------------------------------------------------------- text files
 
 
-def _read_bytes(path: Path) -> bytes:
+def _os_error(path: Path, error: BaseException) -> NMTError:
+    if isinstance(error, FileNotFoundError):
+        return NMTError(f"{path}: no such file")
+    if isinstance(error, IsADirectoryError):
+        return NMTError(f"{path}: is a directory, expected a text file")
+    if isinstance(error, PermissionError):
+        return NMTError(f"{path}: permission denied")
+    if isinstance(error, (gzip.BadGzipFile, EOFError, zlib.error)):
+        return NMTError(f"{path}: not a valid gzip file (corrupt or truncated)")
+    return NMTError(f"{path}: cannot read ({getattr(error, 'strerror', None) or error})")
+
+
+def _blocks(path: Path) -> Iterator[bytes]:
+    """Raw bytes of a file (``.gz`` decompressed), block by block."""
     try:
-        if path.name.endswith(".gz"):
-            with gzip.open(path, "rb") as f:
-                return f.read()
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise NMTError(f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise NMTError(f"{path}: is a directory, expected a text file") from None
-    except PermissionError:
-        raise NMTError(f"{path}: permission denied") from None
-    except (gzip.BadGzipFile, EOFError, zlib.error):
-        raise NMTError(f"{path}: not a valid gzip file (corrupt or truncated)") from None
-    except OSError as e:
-        raise NMTError(f"{path}: cannot read ({e.strerror or e})") from None
+        f = gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+        with f:
+            while block := f.read(_BLOCK_BYTES):
+                yield block
+    except (OSError, EOFError, zlib.error) as e:
+        raise _os_error(path, e) from None
+
+
+def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
+    try:
+        text = data.decode("utf-8")  # one decode per block; locate the bad line only on failure
+    except UnicodeDecodeError as e:
+        line_no = lines_before + data.count(b"\n", 0, e.start) + 1
+        raise NMTError(f"{path}:{line_no}: not valid UTF-8") from None
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [line[:-1] if line.endswith("\r") else line for line in lines]  # CRLF endings
+    return lines
+
+
+def iter_lines(path: str | Path) -> Iterator[str]:
+    """Lines of a UTF-8 text file (``.gz`` decompressed), without line terminators.
+
+    Only ``\\n`` ends a line (``\\r\\n`` too): ``str.splitlines`` would also split on U+2028,
+    U+0085 etc. and silently misalign parallel files.
+    """
+    path = Path(path)
+    pending, lines_before, first = b"", 0, True
+    for block in _blocks(path):
+        if first and block.startswith(_BOM):
+            block = block[len(_BOM) :]
+        first = False
+        data = pending + block
+        cut = data.rfind(b"\n")
+        if cut < 0:
+            pending = data
+            continue
+        pending = data[cut + 1 :]
+        lines = _decode_lines(path, data[:cut], lines_before)
+        lines_before += len(lines)
+        yield from lines
+    if pending:  # a last line without a final newline
+        yield from _decode_lines(path, pending, lines_before)
 
 
 def read_lines(path: str | Path) -> list[str]:
-    """All lines of a UTF-8 text file (``.gz`` decompressed), without line terminators.
+    return list(iter_lines(path))
 
-    Only ``\\n`` ends a line: ``str.splitlines`` would also split on U+2028, U+0085 etc.
-    and silently misalign parallel files.
-    """
-    path = Path(path)
-    data = _read_bytes(path)
-    if data.startswith(_BOM):
-        data = data[len(_BOM) :]
-    try:
-        text = data.decode("utf-8")  # one decode per file; locate the bad line only on failure
-    except UnicodeDecodeError as e:
-        line_no = data.count(b"\n", 0, e.start) + 1
-        raise NMTError(f"{path}:{line_no}: not valid UTF-8") from None
-    if "\r" in text:
-        text = text.replace("\r\n", "\n")
-    if not text:
-        return []
-    lines = text.split("\n")
-    if lines[-1] == "":
-        lines.pop()  # the final newline terminates the last line, it does not start a new one
-    return lines
+
+def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[Chunk]:
+    while batch := list(islice(pairs, size)):
+        src, trg = zip(*batch)
+        yield list(src), list(trg)
 
 
 # --------------------------------------------------------------------------- plain and TSV
@@ -79,34 +113,38 @@ def _existing_plain_file(prefix: str, lang: str) -> Path | None:
     return next((p for p in plain_paths(prefix, lang) if p.exists()), None)
 
 
-def _read_plain(prefix: str, src_lang: str, trg_lang: str) -> tuple[list[str], list[str]]:
-    sides = []
-    for lang in (src_lang, trg_lang):
-        found = _existing_plain_file(prefix, lang)
-        path = found if found is not None else plain_paths(prefix, lang)[0]  # read_lines names it
-        sides.append((path, read_lines(path)))
-    (src_path, src), (trg_path, trg) = sides
-    if len(src) != len(trg):
+def _plain_file(prefix: str, lang: str) -> Path:
+    found = _existing_plain_file(prefix, lang)
+    return found if found is not None else plain_paths(prefix, lang)[0]  # iter_lines names the missing one
+
+
+def _iter_plain(prefix: str, src_lang: str, trg_lang: str) -> Iterator[tuple[str, str]]:
+    src_path, trg_path = _plain_file(prefix, src_lang), _plain_file(prefix, trg_lang)
+    src_lines, trg_lines = iter_lines(src_path), iter_lines(trg_path)
+    n = 0
+    for s in src_lines:
+        t = next(trg_lines, None)
+        if t is None:
+            raise NMTError(
+                f"{src_path} has {n + 1 + sum(1 for _ in src_lines)} lines but {trg_path} has {n}: "
+                "parallel files must align line by line"
+            )
+        n += 1
+        yield s, t
+    extra = sum(1 for _ in trg_lines)
+    if extra:
         raise NMTError(
-            f"{src_path} has {len(src)} lines but {trg_path} has {len(trg)}: parallel files must align line by line"
+            f"{src_path} has {n} lines but {trg_path} has {n + extra}: parallel files must align line by line"
         )
-    return src, trg
 
 
-def _read_tsv(path: Path, max_pairs: int | None) -> tuple[list[str], list[str]]:
-    lines = read_lines(path)
-    if max_pairs is not None:
-        lines = lines[:max_pairs]
-    src: list[str] = []
-    trg: list[str] = []
-    for line_no, line in enumerate(lines, start=1):
+def _iter_tsv(path: Path) -> Iterator[tuple[str, str]]:
+    for line_no, line in enumerate(iter_lines(path), start=1):
         left, sep, right = line.partition("\t")
         if not sep or "\t" in right:
             n_tabs = line.count("\t")
             raise NMTError(f"{path}:{line_no}: expected 'source<TAB>target' (exactly one tab), found {n_tabs} tabs")
-        src.append(left)
-        trg.append(right)
-    return src, trg
+        yield left, right
 
 
 def _is_tsv(path: str) -> bool:
@@ -123,93 +161,90 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(cause).__name__
 
 
-def _hub_load(spec: CorpusConfig) -> Any:
-    """``load_dataset`` from the hub, turning its network and lookup failures into one-line errors."""
-    import datasets
+def _hub_where(spec: CorpusConfig) -> str:
+    return f"hub dataset '{spec.path}'" + (f" (config '{spec.hf_config}')" if spec.hf_config else "")
+
+
+def _hub_error(spec: CorpusConfig, error: BaseException) -> NMTError:
+    """One line for ``load_dataset``'s network and lookup failures (raised at load or mid-stream)."""
     from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
-    where = f"hub dataset '{spec.path}'" + (f" (config '{spec.hf_config}')" if spec.hf_config else "")
-    try:
-        return datasets.load_dataset(spec.path, spec.hf_config, split=spec.split)
-    except DatasetNotFoundError:
-        raise NMTError(f"{where}: not found on the Hugging Face Hub, and no local corpus of that name") from None
-    except DatasetsError as e:  # before OSError: some of these are FileNotFoundError subclasses
-        raise NMTError(f"{where}: {_first_line(e)}") from None
-    except (ConnectionError, TimeoutError, OSError) as e:
+    where = _hub_where(spec)
+    if isinstance(error, DatasetNotFoundError):
+        return NMTError(f"{where}: not found on the Hugging Face Hub, and no local corpus of that name")
+    if isinstance(error, DatasetsError):  # before OSError: some of these are FileNotFoundError subclasses
+        return NMTError(f"{where}: {_first_line(error)}")
+    if isinstance(error, (ConnectionError, TimeoutError, OSError)):
         # datasets/huggingface_hub wrap offline mode, DNS and HTTP failures into these.
-        raise NMTError(f"{where}: could not be downloaded; the machine seems offline ({_first_line(e)})") from None
-    except ValueError as e:  # unknown config or split
-        raise NMTError(f"{where}: {_first_line(e)}") from None
+        return NMTError(f"{where}: could not be downloaded; the machine seems offline ({_first_line(error)})")
+    return NMTError(f"{where}: {_first_line(error)}")  # ValueError: unknown config or split
 
 
-def _local_load(path: Path, spec: CorpusConfig) -> Any:
+def _local_error(path: Path, error: BaseException) -> NMTError:
+    return NMTError(f"{path}: cannot load as a dataset: {_first_line(error)}")
+
+
+def _load_saved(path: Path, spec: CorpusConfig) -> Any:
+    """A dataset written by ``save_to_disk``: Arrow files, memory-mapped, so already streamable."""
     import datasets
-    from datasets.exceptions import DatasetsError
 
-    try:
-        if any((path / marker).exists() for marker in _SAVED_DATASET_MARKERS):
-            loaded = datasets.load_from_disk(str(path))
-            if isinstance(loaded, datasets.DatasetDict):
-                if spec.split not in loaded:
-                    available = ", ".join(loaded.keys())
-                    raise NMTError(f"{path}: no split '{spec.split}' (available: {available})")
-                return loaded[spec.split]
-            return loaded
-        return datasets.load_dataset(str(path), spec.hf_config, split=spec.split)
-    except NMTError:
-        raise
-    except (DatasetsError, ValueError, OSError) as e:
-        raise NMTError(f"{path}: cannot load as a dataset: {_first_line(e)}") from None
+    loaded = datasets.load_from_disk(str(path))
+    if isinstance(loaded, datasets.DatasetDict):
+        if spec.split not in loaded:
+            raise NMTError(f"{path}: no split '{spec.split}' (available: {', '.join(loaded.keys())})")
+        return loaded[spec.split]
+    return loaded
 
 
-def _arrow_strings(column: Any) -> list[str]:
-    """A pyarrow (chunked) array of text as Python strings; nulls become '' (dropped by cleaning)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    if not (pa.types.is_string(column.type) or pa.types.is_large_string(column.type)):
-        column = pc.cast(column, pa.string())
-    return pc.fill_null(column, "").to_pylist()
+def _text(values: list[Any]) -> list[str]:
+    return ["" if v is None else str(v) for v in values]  # nulls become '' (dropped by cleaning)
 
 
-def _struct_keys(arrow_type: Any) -> list[str]:
-    import pyarrow as pa
-
-    if not pa.types.is_struct(arrow_type):
-        return []
-    return [arrow_type.field(i).name for i in range(arrow_type.num_fields)]
-
-
-def _dataset_columns(table: Any, spec: CorpusConfig, src_lang: str, trg_lang: str) -> tuple[list[str], list[str]]:
-    import pyarrow.compute as pc
-
-    names = table.column_names
-    uses_translation = spec.src_column is None and spec.trg_column is None and "translation" in names
-    sides = []
-    if uses_translation:
-        column = table.column("translation")
-        keys = _struct_keys(column.type)
+def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_lang: str) -> Chunk:
+    """Source and target text of one batch of rows, in the hub's ``translation`` schema or named columns."""
+    names = list(rows)
+    if spec.src_column is None and spec.trg_column is None and "translation" in names:
+        pairs = rows["translation"]
+        sides = []
         for lang in (src_lang, trg_lang):
-            if lang not in keys:
-                raise NMTError(
-                    f"{spec.path}: column 'translation' has no language '{lang}' (available: {', '.join(keys)})"
-                )
-            sides.append(_arrow_strings(pc.struct_field(column, lang)))
-    else:
-        for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):
-            if name not in names:
-                raise NMTError(f"{spec.path}: no column '{name}' (corpus {key}; available columns: {', '.join(names)})")
-            sides.append(_arrow_strings(table.column(name)))
+            missing = next((p for p in pairs if not isinstance(p, dict) or lang not in p), None)
+            if pairs and missing is not None:
+                keys = ", ".join(missing) if isinstance(missing, dict) else type(missing).__name__
+                raise NMTError(f"{spec.path}: column 'translation' has no language '{lang}' (available: {keys})")
+            sides.append(_text([p[lang] for p in pairs]))
+        return sides[0], sides[1]
+    sides = []
+    for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):
+        if name not in names:
+            raise NMTError(f"{spec.path}: no column '{name}' (corpus {key}; available columns: {', '.join(names)})")
+        sides.append(_text(rows[name]))
     return sides[0], sides[1]
 
 
-def _read_hf(spec: CorpusConfig, src_lang: str, trg_lang: str) -> tuple[list[str], list[str]]:
+def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> Iterator[Chunk]:
+    """Chunks of a hub dataset, a ``save_to_disk`` directory or a directory of data files.
+
+    Hub datasets and data files are read with ``streaming=True`` (unless ``streaming: false``):
+    rows arrive batch by batch and nothing is converted to a full Arrow copy first.
+    """
+    import datasets
+    from datasets.exceptions import DatasetsError
+
     local = Path(spec.path)
-    dataset = _local_load(local, spec) if local.is_dir() else _hub_load(spec)
-    n_rows = len(dataset) if spec.max_pairs is None else min(len(dataset), spec.max_pairs)
-    # Arrow columns convert to Python lists in C; row-by-row iteration is ~100x slower on WMT sizes.
-    table = dataset.with_format("arrow")[:n_rows]
-    return _dataset_columns(table, spec, src_lang, trg_lang)
+    is_local = local.is_dir()
+    fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e))
+    try:
+        if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):
+            dataset = _load_saved(local, spec)
+        else:
+            source = str(local) if is_local else spec.path
+            dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
+        for rows in dataset.iter(batch_size=chunk):
+            yield _columns(rows, spec, src_lang, trg_lang)
+    except NMTError:
+        raise
+    except (DatasetsError, ValueError, OSError, ConnectionError, TimeoutError) as e:
+        raise fail(e) from None
 
 
 # --------------------------------------------------------------------------- format choice
@@ -239,16 +274,32 @@ def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
     return "hf"
 
 
-def read_parallel(spec: CorpusConfig, src_lang: str, trg_lang: str) -> tuple[list[str], list[str]]:
-    """Source and target sentences of one corpus, aligned, at most ``spec.max_pairs`` of them."""
+def iter_parallel(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk_pairs: int = CHUNK_PAIRS) -> Iterator[Chunk]:
+    """Aligned (source, target) chunks of at most ``chunk_pairs`` pairs, ``spec.max_pairs`` in all."""
     fmt = resolve_format(spec, src_lang, trg_lang)
-    if fmt == "tsv":
-        return _read_tsv(Path(spec.path), spec.max_pairs)
     if fmt == "hf":
-        return _read_hf(spec, src_lang, trg_lang)
-    src, trg = _read_plain(spec.path, src_lang, trg_lang)
-    if spec.max_pairs is not None:
-        src, trg = src[: spec.max_pairs], trg[: spec.max_pairs]
+        chunks = _iter_hf(spec, src_lang, trg_lang, chunk_pairs)
+    else:
+        pairs = _iter_tsv(Path(spec.path)) if fmt == "tsv" else _iter_plain(spec.path, src_lang, trg_lang)
+        chunks = _chunks(pairs, chunk_pairs)
+    left = spec.max_pairs
+    for src, trg in chunks:
+        if left is not None:
+            src, trg = src[:left], trg[:left]
+            left -= len(src)
+        if src:
+            yield src, trg
+        if left == 0:
+            return
+
+
+def read_parallel(spec: CorpusConfig, src_lang: str, trg_lang: str) -> Chunk:
+    """The whole corpus (dev and test sets), aligned, at most ``spec.max_pairs`` pairs."""
+    src: list[str] = []
+    trg: list[str] = []
+    for s, t in iter_parallel(spec, src_lang, trg_lang):
+        src.extend(s)
+        trg.extend(t)
     return src, trg
 
 

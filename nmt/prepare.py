@@ -1,63 +1,86 @@
-"""Data preparation for a run: read and clean the corpora, train or reuse SentencePiece,
-encode, filter by length, and cache the encoded training set in the run directory.
+"""Data preparation for a run: read and clean the corpora, train or reuse SentencePiece, and
+binarize the training set into memory-mapped shards in the run directory.
 
-The cache (``data/train.pt``: flat int32 ids + offsets) is keyed by a fingerprint of the
-data config and the tokenizer files, so a resumed run starts without re-encoding.
+The training corpus is streamed chunk by chunk, never held in memory whole. Shards are
+keyed by a fingerprint of the training-data config, the corpus files and the tokenizer
+models, so a resumed run (or ``nmt train`` after ``nmt prepare``) starts without re-encoding.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
+import os
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-import torch
+import numpy as np
 
-from nmt import checkpoint
+from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index
 from nmt.config import Config, CorpusConfig
-from nmt.corpus import clean_pairs, describe_drops, filter_by_length, read_parallel
+from nmt.corpus import clean_pairs, describe_drops, iter_parallel, plain_paths, read_parallel, resolve_format
 from nmt.errors import NMTError
 from nmt.tokenizer import Tokenizer, train_or_load_tokenizers
 
 
 @dataclass
 class EncodedCorpus:
+    """A small encoded corpus held in memory (dev and test sets)."""
+
     src: list[list[int]]
     trg: list[list[int]]
 
     def __len__(self) -> int:
         return len(self.src)
 
+    @property
+    def src_lens(self) -> np.ndarray:
+        return np.array([len(s) for s in self.src], dtype=np.int64)
+
+    @property
+    def trg_lens(self) -> np.ndarray:
+        return np.array([len(t) for t in self.trg], dtype=np.int64)
+
+    def pairs(self, rows) -> tuple[list[list[int]], list[list[int]]]:
+        return [self.src[i] for i in rows], [self.trg[i] for i in rows]
+
 
 @dataclass
 class Prepared:
     src_tok: Tokenizer
     trg_tok: Tokenizer
-    train: EncodedCorpus
+    train: ShardedCorpus
     dev_src: list[str]  # raw text, for BLEU
     dev_trg: list[str]
     dev: EncodedCorpus
 
 
-def _flatten(seqs: list[list[int]]) -> tuple[torch.Tensor, torch.Tensor]:
-    lengths = torch.tensor([len(s) for s in seqs], dtype=torch.int64)
-    offsets = torch.zeros(len(seqs) + 1, dtype=torch.int64)
-    torch.cumsum(lengths, 0, out=offsets[1:])
-    flat = torch.tensor([t for s in seqs for t in s], dtype=torch.int32)
-    return flat, offsets
+def train_data_dir(run_dir: Path) -> Path:
+    return run_dir / "data" / "train"
 
 
-def _unflatten(flat: torch.Tensor, offsets: torch.Tensor) -> list[list[int]]:
-    ids = flat.tolist()
-    bounds = offsets.tolist()
-    return [ids[bounds[i] : bounds[i + 1]] for i in range(len(bounds) - 1)]
+def _corpus_files(spec: CorpusConfig, src_lang: str, trg_lang: str) -> list[Path]:
+    if Path(spec.path).is_file():
+        return [Path(spec.path)]
+    return [p for lang in (src_lang, trg_lang) for p in plain_paths(spec.path, lang) if p.is_file()]
 
 
 def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
+    """What the shards depend on: not ``data.workers``, which only changes how fast they are made."""
+    d = cfg.data
     h = hashlib.sha256()
-    h.update(json.dumps(asdict(cfg.data), sort_keys=True, default=str).encode())
+    keys = {
+        "train": d.train.__dict__,
+        "langs": (d.src_lang, d.trg_lang),
+        "filter": (d.max_len, d.max_len_ratio),
+        "shard_pairs": d.shard_pairs,
+        "synthetic": (d.synthetic, d.synthetic_seed, d.synthetic_train_pairs),
+    }
+    h.update(json.dumps(keys, sort_keys=True, default=str).encode())
+    for f in _corpus_files(d.train, d.src_lang, d.trg_lang):
+        stat = f.stat()
+        h.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     for p in tokenizers:
         h.update(p.read_bytes())
     return h.hexdigest()
@@ -72,6 +95,55 @@ def _read_clean(spec: CorpusConfig, cfg: Config, split: str, log: Callable[[str]
     return src, trg
 
 
+def _train_chunks(cfg: Config) -> Iterator[tuple[list[str], list[str]]]:
+    return iter_parallel(cfg.data.train, cfg.data.src_lang, cfg.data.trg_lang, cfg.data.shard_pairs)
+
+
+def _train_side(cfg: Config, side: int) -> Iterator[str]:
+    """One side of the cleaned training corpus, streamed (SentencePiece samples from it)."""
+    for chunk in _train_chunks(cfg):
+        yield from clean_pairs(*chunk)[side]
+
+
+def _tokenizers(cfg: Config, run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
+    d = cfg.data
+    resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
+    if next(_train_side(cfg, 0), None) is None:
+        raise NMTError(f"config key 'data.train': the corpus '{d.train.path}' is empty after cleaning")
+    return train_or_load_tokenizers(
+        cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), run_dir, d.src_lang, d.trg_lang
+    )
+
+
+def _binarized_train(cfg: Config, run_dir: Path, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
+    d = cfg.data
+    directory = train_data_dir(run_dir)
+    tok_paths = sorted({src_tok.model_path, trg_tok.model_path})
+    fingerprint = _fingerprint(cfg, tok_paths)
+    index = read_index(directory)
+    if index is not None and index.get("fingerprint") == fingerprint:
+        corpus = ShardedCorpus(directory)
+        log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
+        return corpus
+    workers = d.workers or os.cpu_count() or 1
+    spec = ShardSpec(
+        directory=str(directory),
+        src_model=str(src_tok.model_path),
+        trg_model=str(trg_tok.model_path),
+        max_len=d.max_len,
+        max_len_ratio=d.max_len_ratio,
+        dtype=id_dtype(max(src_tok.vocab_size, trg_tok.vocab_size)).name,
+        fingerprint=fingerprint,
+    )
+    summary = binarize(_train_chunks(cfg), spec, workers, log)
+    log(f"train: {describe_drops(summary, d.max_len, d.max_len_ratio)}; {len(summary['shards'])} shards")
+    if summary["kept"] == 0:
+        if summary["read"] == summary["empty"]:
+            raise NMTError(f"config key 'data.train': the corpus '{d.train.path}' is empty after cleaning")
+        raise NMTError("config key 'data.max_len': every training pair was dropped by the length filter")
+    return ShardedCorpus(directory)
+
+
 def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
     (run_dir / "data").mkdir(parents=True, exist_ok=True)
     if cfg.data.synthetic:
@@ -84,59 +156,11 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
             n_train=cfg.data.synthetic_train_pairs,
             seed=cfg.data.synthetic_seed,
         )
-
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
-    cached = _load_cached_train(cfg, run_dir, log)
-    src_tok, trg_tok, train = cached if cached is not None else _encode_train(cfg, run_dir, log)
+    src_tok, trg_tok = _tokenizers(cfg, run_dir)
+    train = _binarized_train(cfg, run_dir, src_tok, trg_tok, log)
     dev = _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1)
     return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, dev)
-
-
-def _load_cached_train(cfg: Config, run_dir: Path, log: Callable[[str], None]):
-    """(tokenizers, encoded training set) from an earlier preparation of this run, or None."""
-    cache = run_dir / "data" / "train.pt"
-    tok_paths = sorted(run_dir.glob("spm*.model"))
-    if not (cache.exists() and tok_paths):
-        return None
-    try:
-        payload = checkpoint.load(cache)
-    except NMTError as e:
-        log(f"{e}; re-encoding the training data")
-        return None
-    if payload.get("fingerprint") != _fingerprint(cfg, tok_paths):
-        return None
-    src_tok, trg_tok = train_or_load_tokenizers(cfg.tokenizer, [], [], run_dir, cfg.data.src_lang, cfg.data.trg_lang)
-    train = EncodedCorpus(
-        _unflatten(payload["src"], payload["src_offsets"]), _unflatten(payload["trg"], payload["trg_offsets"])
-    )
-    log(f"train: reusing {len(train)} encoded pairs from {cache}")
-    return src_tok, trg_tok, train
-
-
-def _encode_train(cfg: Config, run_dir: Path, log: Callable[[str], None]):
-    """Read, clean, train or reuse SentencePiece, encode, length-filter, and cache the training set."""
-    train_src, train_trg = _read_clean(cfg.data.train, cfg, "train", log)
-    src_tok, trg_tok = train_or_load_tokenizers(
-        cfg.tokenizer, train_src, train_trg, run_dir, cfg.data.src_lang, cfg.data.trg_lang
-    )
-    train = _encode(src_tok, trg_tok, train_src, train_trg)
-    keep, report = filter_by_length(
-        [len(s) for s in train.src], [len(t) for t in train.trg], cfg.data.max_len, cfg.data.max_len_ratio
-    )
-    if len(keep) < len(train):
-        log(
-            f"train: dropped {report.get('too_long', 0)} pairs over {cfg.data.max_len} subwords and "
-            f"{report.get('bad_ratio', 0)} over length ratio {cfg.data.max_len_ratio}; kept {len(keep)}"
-        )
-    if not keep:
-        raise NMTError("config key 'data.max_len': every training pair was dropped by the length filter")
-    train = EncodedCorpus([train.src[i] for i in keep], [train.trg[i] for i in keep])
-    src_flat, src_off = _flatten(train.src)
-    trg_flat, trg_off = _flatten(train.trg)
-    payload = {"src": src_flat, "src_offsets": src_off, "trg": trg_flat, "trg_offsets": trg_off}
-    payload["fingerprint"] = _fingerprint(cfg, sorted(run_dir.glob("spm*.model")))
-    checkpoint.save(payload, run_dir / "data" / "train.pt")
-    return src_tok, trg_tok, train
 
 
 def _encode(

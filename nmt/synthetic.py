@@ -12,14 +12,13 @@ which sentences are drawn.
 from __future__ import annotations
 
 import json
-import os
 import random
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
 
 CORPUS_VERSION = 1
 LEXICON_SEED = 20240601
@@ -246,17 +245,6 @@ def generate_pairs(n: int, seed: int) -> list[tuple[str, str]]:
 # ---------------------------------------------------------------- files
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
 def write_synthetic_corpus(
     out_dir: Path,
     src_lang: str = "src",
@@ -289,8 +277,8 @@ def write_synthetic_corpus(
     for split, (lo, hi) in bounds.items():
         chunk = pairs[lo:hi]
         for side, lang in enumerate((src_lang, trg_lang)):
-            _write_atomic(out_dir / f"{split}.{lang}", "".join(p[side] + "\n" for p in chunk))
-    _write_atomic(meta_path, json.dumps(meta, indent=2, sort_keys=True) + "\n")
+            atomic_write_bytes(out_dir / f"{split}.{lang}", "".join(p[side] + "\n" for p in chunk).encode())
+    atomic_write_bytes(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     return prefixes
 
 

@@ -23,14 +23,14 @@ PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 class Tokenizer:
     """A loaded SentencePiece model with the project's fixed special ids."""
 
-    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path) -> None:
+    def __init__(self, processor: spm.SentencePieceProcessor, model_path: Path, threads: int | None = None) -> None:
         self._sp = processor
         self._model_path = model_path
         self._specials = frozenset((PAD_ID, BOS_ID, EOS_ID))
-        self._threads = os.cpu_count() or 1
+        self._threads = threads or os.cpu_count() or 1
 
     @classmethod
-    def load(cls, path: str | Path) -> Tokenizer:
+    def load(cls, path: str | Path, threads: int | None = None) -> Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise NMTError(f"{path}: no such SentencePiece model file")
@@ -42,7 +42,7 @@ class Tokenizer:
         found = (processor.pad_id(), processor.unk_id(), processor.bos_id(), processor.eos_id())
         if found != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise NMTError(f"{path}: special ids pad/unk/bos/eos are {found}, expected (0, 1, 2, 3)")
-        return cls(processor, path)
+        return cls(processor, path, threads)
 
     @property
     def pad_id(self) -> int:
@@ -159,13 +159,16 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
 
 def train_or_load_tokenizers(
     cfg: TokenizerConfig,
-    src_lines: list[str],
-    trg_lines: list[str],
+    src_lines: Iterable[str],
+    trg_lines: Iterable[str],
     out_dir: Path,
     src_lang: str,
     trg_lang: str,
 ) -> tuple[Tokenizer, Tokenizer]:
-    """Reuse the model file(s) in ``out_dir`` if present, else train them from the given text."""
+    """Reuse the model file(s) in ``out_dir`` if present, else train them from the given text.
+
+    The text may be a lazy stream: SentencePiece samples ``input_sentence_size`` sentences from it.
+    """
     out_dir = Path(out_dir)
     src_path, trg_path = tokenizer_paths(out_dir, cfg.joint, src_lang, trg_lang)
     if cfg.joint:

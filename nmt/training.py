@@ -82,6 +82,20 @@ def check_resumable(old: Config, new: Config) -> None:
         )
 
 
+def open_run_dir(cfg: Config, run_dir: Path) -> None:
+    """Create (or reopen) a run directory and record the config, refusing one that cannot resume it."""
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NMTError(f"{run_dir}: cannot create run directory ({e.strerror})") from None
+    if not os.access(run_dir, os.W_OK):
+        raise NMTError(f"{run_dir}: run directory is not writable")
+    saved = run_dir / "config.yaml"
+    if saved.exists():
+        check_resumable(load_config(saved), cfg)
+    save_config(cfg, saved)
+
+
 class _SignalGuard:
     """First SIGINT/SIGTERM: finish the step, checkpoint, exit. A second SIGINT: exit at once
     (safe, because every checkpoint write is atomic)."""
@@ -122,21 +136,14 @@ class MetricsLog:
         self.file.close()
 
 
-def _lengths(corpus: EncodedCorpus) -> tuple[list[int], list[int]]:
-    return [len(s) for s in corpus.src], [len(t) for t in corpus.trg]
-
-
 def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision, device, smoothing: float) -> float:
     """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus."""
     was_training = model.training
     model.eval()
-    src_lens, trg_lens = _lengths(corpus)
     nll_total, tokens = 0.0, 0
     with torch.inference_mode(), precision.autocast():
-        for rows in token_batches(src_lens, trg_lens, max_tokens, None, 0):
-            batch = make_batch(
-                [corpus.src[i] for i in rows], [corpus.trg[i] for i in rows], rows, tok.pad_id, tok.bos_id, tok.eos_id
-            ).to(device)
+        for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
+            batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
             logits = model(batch.src, batch.src_mask, batch.trg_in)
             _, nll = label_smoothed_nll(logits, batch.trg_out, smoothing, tok.pad_id)
             nll_total += nll.item()
@@ -163,16 +170,7 @@ class Trainer:
     # -- set-up -------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, run_dir = self.cfg, self.run_dir
-        try:
-            run_dir.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise NMTError(f"{run_dir}: cannot create run directory ({e.strerror})") from None
-        if not os.access(run_dir, os.W_OK):
-            raise NMTError(f"{run_dir}: run directory is not writable")
-        saved = run_dir / "config.yaml"
-        if saved.exists():
-            check_resumable(load_config(saved), cfg)
-        save_config(cfg, saved)
+        open_run_dir(cfg, run_dir)
         self._log_file = open(run_dir / "train.log", "a", encoding="utf-8")
         if cfg.train.threads:
             torch.set_num_threads(cfg.train.threads)
@@ -237,12 +235,7 @@ class Trainer:
         """
         cfg, data, tok = self.cfg.train, self.data.train, self.data.trg_tok
         p = self.progress
-        batches = [
-            make_batch(
-                [data.src[i] for i in rows], [data.trg[i] for i in rows], rows, tok.pad_id, tok.bos_id, tok.eos_id
-            )
-            for rows in group
-        ]
+        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in group]
         n_tokens = sum(b.n_trg_tokens for b in batches)
         lr = learning_rate(p.update + 1, cfg)
         for g in self.optimizer.param_groups:
@@ -341,7 +334,7 @@ class Trainer:
     def run(self) -> Progress:
         self._setup()
         t, p = self.cfg.train, self.progress
-        src_lens, trg_lens = _lengths(self.data.train)
+        src_lens, trg_lens = self.data.train.src_lens, self.data.train.trg_lens
         interactive = sys.stderr.isatty()
         bar = None
         if interactive:

@@ -14,6 +14,8 @@ from nmt.corpus import (
     clean_pairs,
     describe_drops,
     filter_by_length,
+    iter_lines,
+    iter_parallel,
     read_lines,
     read_parallel,
     resolve_format,
@@ -103,10 +105,10 @@ def test_permission_denied_message(tmp_path, monkeypatch):
     # Exercised even as root, where chmod 000 does not stop reads.
     path = _write(tmp_path / "locked.txt", DE)
 
-    def deny(self):
-        raise PermissionError(13, "Permission denied", str(self))
+    def deny(file, *args, **kwargs):
+        raise PermissionError(13, "Permission denied", str(file))
 
-    monkeypatch.setattr(Path, "read_bytes", deny)
+    monkeypatch.setattr("nmt.corpus.open", deny, raising=False)
     with pytest.raises(NMTError) as err:
         read_lines(path)
     assert _one_line(err) == f"{path}: permission denied"
@@ -310,3 +312,65 @@ def test_describe_drops_one_line():
     report = {"read": 29000, "empty": 3, "too_long": 12, "bad_ratio": 4, "kept": 28981}
     text = describe_drops(report, max_len=128, max_ratio=3.0)
     assert text == "read 29000 pairs, dropped 3 empty, 12 over 128 tokens, 4 over ratio 3.0; kept 28981"
+
+
+# --------------------------------------------------------------------------- streaming
+
+
+def test_iter_lines_across_tiny_blocks_equals_whole_file(tmp_path, monkeypatch):
+    import nmt.corpus
+
+    lines = ["Grüße aus Köln", "", "zwei\u2028teile", "ende ohne newline"]
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(lines).encode("utf-8"))
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 3)  # splits multi-byte characters and CRLF pairs
+    assert list(iter_lines(path)) == lines
+
+
+def test_iter_lines_names_the_bad_line_in_a_later_block(tmp_path, monkeypatch):
+    import nmt.corpus
+
+    path = tmp_path / "bad.txt"
+    path.write_bytes(b"".join(b"line %d\n" % i for i in range(50)) + b"bad \xff\n" + b"after\n")
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 16)
+    with pytest.raises(NMTError) as err:
+        list(iter_lines(path))
+    assert _one_line(err) == f"{path}:51: not valid UTF-8"
+
+
+def test_iter_parallel_chunks_and_max_pairs(tmp_path):
+    _write(tmp_path / "c.de", [f"de {i}" for i in range(23)])
+    _write(tmp_path / "c.en", [f"en {i}" for i in range(23)])
+    chunks = list(iter_parallel(CorpusConfig(path=str(tmp_path / "c")), "de", "en", chunk_pairs=10))
+    assert [len(s) for s, _ in chunks] == [10, 10, 3]
+    assert chunks[2] == (["de 20", "de 21", "de 22"], ["en 20", "en 21", "en 22"])
+    limited = list(iter_parallel(CorpusConfig(path=str(tmp_path / "c"), max_pairs=15), "de", "en", chunk_pairs=10))
+    assert [len(s) for s, _ in limited] == [10, 5]
+
+
+def test_line_count_mismatch_found_when_streaming_past_the_first_chunk(tmp_path):
+    _write(tmp_path / "c.de", [f"de {i}" for i in range(25)])
+    _write(tmp_path / "c.en", [f"en {i}" for i in range(27)])
+    with pytest.raises(NMTError) as err:
+        list(iter_parallel(CorpusConfig(path=str(tmp_path / "c")), "de", "en", chunk_pairs=10))
+    assert f"{tmp_path / 'c.de'} has 25 lines" in _one_line(err) and "has 27" in str(err.value)
+
+
+def test_hf_local_dataset_in_hub_schema_is_streamed_without_an_arrow_copy(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    data_dir = tmp_path / "wmt_like"
+    data_dir.mkdir()
+    de = [f"Satz {i}" for i in range(250)]
+    en = [f"sentence {i}" for i in range(250)]
+    rows = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in zip(de, en)]
+    (data_dir / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    chunks = list(iter_parallel(CorpusConfig(path=str(data_dir)), "de", "en", chunk_pairs=100))
+    assert [len(s) for s, _ in chunks] == [100, 100, 50]
+    assert [x for s, _ in chunks for x in s] == de and [x for _, t in chunks for x in t] == en
+    assert not list(cache.rglob("*.arrow"))  # nothing was materialized
+    # streaming: false converts to Arrow first (the datasets cache), with the same result.
+    spec = CorpusConfig(path=str(data_dir), streaming=False)
+    assert read_parallel(spec, "de", "en") == (de, en)
+    assert list(cache.rglob("*.arrow"))

@@ -1,0 +1,254 @@
+"""Binarized training data: token ids in memory-mapped shards, encoded once by worker processes.
+
+Layout of a data directory (``<run_dir>/data/train/``)::
+
+    shard-00000.src.npy   source ids of every kept pair, concatenated (uint16 when the vocabulary fits)
+    shard-00000.trg.npy   target ids, likewise
+    shard-00000.off.npy   int64 [2, n + 1]: where each source / target sentence starts
+    shard-00000.json      written last: the shard is complete
+    index.json            written last of all: the whole preparation is complete
+
+Every file is written under a temporary name and renamed, so a crash leaves complete files
+and hidden temporaries only. Training opens a directory only through ``index.json``; an
+interrupted preparation, rerun with the same fingerprint, keeps its complete shards and
+encodes the rest. No torch in this module: workers import it.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+from itertools import chain
+from pathlib import Path
+
+import numpy as np
+
+from nmt.corpus import Chunk, clean_pairs, filter_by_length
+from nmt.errors import NMTError
+from nmt.files import atomic_write, atomic_write_bytes, is_temporary
+from nmt.tokenizer import Tokenizer
+
+INDEX = "index.json"
+_ARRAYS = ("src", "trg", "off")
+
+
+def id_dtype(vocab_size: int) -> np.dtype:
+    """Smallest integer type for token ids: half the disk and page cache of int32 for vocabularies up to 64k."""
+    return np.dtype(np.uint16) if vocab_size <= 2**16 else np.dtype(np.int32)
+
+
+def _shard_name(index: int) -> str:
+    return f"shard-{index:05d}"
+
+
+@dataclass(frozen=True)
+class ShardSpec:
+    """Everything a worker needs to encode one chunk into a shard (small and picklable)."""
+
+    directory: str
+    src_model: str
+    trg_model: str
+    max_len: int
+    max_len_ratio: float
+    dtype: str
+    fingerprint: str
+    threads: int = 1
+
+
+def _flat(seqs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray, np.ndarray]:
+    lengths = np.fromiter((len(s) for s in seqs), dtype=np.int64, count=len(seqs))
+    offsets = np.zeros(len(seqs) + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    flat = np.fromiter(chain.from_iterable(seqs), dtype=dtype, count=int(offsets[-1]))
+    return flat, offsets
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+
+
+def encode_shard(spec: ShardSpec, index: int, src_lines: list[str], trg_lines: list[str]) -> dict:
+    """Clean, encode, length-filter and write one shard; returns its metadata (also written as JSON, last)."""
+    src_lines, trg_lines, cleaning = clean_pairs(src_lines, trg_lines)
+    src_tok = Tokenizer.load(spec.src_model, threads=spec.threads)
+    trg_tok = src_tok if spec.trg_model == spec.src_model else Tokenizer.load(spec.trg_model, threads=spec.threads)
+    src_ids, trg_ids = src_tok.encode(src_lines), trg_tok.encode(trg_lines)
+    keep, report = filter_by_length(
+        [len(s) for s in src_ids], [len(t) for t in trg_ids], spec.max_len, spec.max_len_ratio
+    )
+    if len(keep) < len(src_ids):
+        src_ids, trg_ids = [src_ids[i] for i in keep], [trg_ids[i] for i in keep]
+    dtype = np.dtype(spec.dtype)
+    src_flat, src_off = _flat(src_ids, dtype)
+    trg_flat, trg_off = _flat(trg_ids, dtype)
+    directory, name = Path(spec.directory), _shard_name(index)
+    arrays = {"src": src_flat, "trg": trg_flat, "off": np.stack([src_off, trg_off])}
+    for key, array in arrays.items():
+        _save_npy(directory / f"{name}.{key}.npy", array)
+    meta = {
+        "fingerprint": spec.fingerprint,
+        **cleaning,
+        **report,
+        "src_tokens": int(src_off[-1]),
+        "trg_tokens": int(trg_off[-1]),
+        "bytes": {key: (directory / f"{name}.{key}.npy").stat().st_size for key in arrays},
+    }
+    atomic_write_bytes(directory / f"{name}.json", json.dumps(meta).encode())
+    return meta
+
+
+def _complete_shard(directory: Path, index: int, fingerprint: str) -> dict | None:
+    """Metadata of a shard finished by an earlier, interrupted preparation with the same fingerprint."""
+    name = _shard_name(index)
+    try:
+        meta = json.loads((directory / f"{name}.json").read_text())
+        sizes = {key: (directory / f"{name}.{key}.npy").stat().st_size for key in _ARRAYS}
+    except (OSError, ValueError):
+        return None
+    if meta.get("fingerprint") != fingerprint or meta.get("bytes") != sizes:
+        return None
+    return meta
+
+
+def _clear(directory: Path, keep_fingerprint: str) -> int:
+    """Remove temporaries and shards of another fingerprint; returns how many complete shards remain."""
+    kept = 0
+    for path in directory.iterdir():
+        if is_temporary(path):
+            path.unlink(missing_ok=True)
+    for meta_path in sorted(directory.glob("shard-*.json")):
+        index = int(meta_path.name[len("shard-") : -len(".json")])
+        if _complete_shard(directory, index, keep_fingerprint) is not None:
+            kept += 1
+            continue
+        for key in _ARRAYS:
+            (directory / f"{meta_path.stem}.{key}.npy").unlink(missing_ok=True)
+        meta_path.unlink(missing_ok=True)
+    return kept
+
+
+def _summary(metas: list[dict]) -> dict:
+    keys = ("read", "empty", "too_long", "bad_ratio", "kept", "src_tokens", "trg_tokens")
+    return {key: sum(m.get(key, 0) for m in metas) for key in keys}
+
+
+def binarize(
+    chunks: Iterable[Chunk],
+    spec: ShardSpec,
+    workers: int,
+    log: Callable[[str], None],
+    encode: Callable[..., dict] | None = None,
+) -> dict:
+    """Encode ``chunks`` (one shard each) into ``spec.directory`` and write ``index.json`` last.
+
+    With several workers, chunks go to a process pool while the next ones are read; at most
+    two chunks per worker are in flight, so memory stays bounded however long the corpus.
+    """
+    encode = encode or encode_shard
+    directory = Path(spec.directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
+    reused = _clear(directory, spec.fingerprint)
+    if reused:
+        log(f"train: resuming an interrupted preparation; {reused} complete shards kept")
+    metas: dict[int, dict] = {}
+    pending: deque = deque()
+    stream = iter(chunks)
+    head = [c for c in (next(stream, None), next(stream, None)) if c is not None]
+    parallel = workers > 1 and len(head) > 1  # one chunk: no pool to start, encode here on every core
+    local_spec = replace(spec, threads=os.cpu_count() or 1)
+    pool = multiprocessing.get_context("spawn").Pool(workers) if parallel else None
+    try:
+        for index, (src, trg) in enumerate(chain(head, stream)):
+            done = _complete_shard(directory, index, spec.fingerprint)
+            if done is not None:
+                metas[index] = done
+            elif pool is None:
+                metas[index] = encode(local_spec, index, src, trg)
+            else:
+                pending.append((index, pool.apply_async(encode, (spec, index, src, trg))))
+                while len(pending) >= 2 * workers:
+                    i, result = pending.popleft()
+                    metas[i] = result.get()
+        while pending:
+            i, result = pending.popleft()
+            metas[i] = result.get()
+    finally:
+        if pool is not None:
+            pool.terminate()
+            pool.join()
+    ordered = [metas[i] for i in sorted(metas)]
+    index = {
+        "format": "nmt-shards-1",
+        "fingerprint": spec.fingerprint,
+        "dtype": spec.dtype,
+        "shards": [_shard_name(i) for i in sorted(metas) if metas[i]["kept"] > 0],
+        **_summary(ordered),
+    }
+    atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())
+    return index
+
+
+def read_index(directory: Path) -> dict | None:
+    try:
+        return json.loads((directory / INDEX).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class ShardedCorpus:
+    """A prepared training set, read through memory maps: only the lengths live in RAM.
+
+    ``pairs(rows)`` returns the ids of the requested pairs as small numpy arrays; the
+    kernel pages the shards in and out, so resident memory does not grow with the corpus.
+    """
+
+    def __init__(self, directory: Path):
+        index = read_index(directory)
+        if index is None or index.get("format") != "nmt-shards-1":
+            raise NMTError(f"{directory}: not a finished data preparation (no {INDEX}); run `nmt prepare` again")
+        self.directory = directory
+        self._src: list[np.ndarray] = []
+        self._trg: list[np.ndarray] = []
+        self._off: list[np.ndarray] = []
+        for name in index["shards"]:
+            meta = json.loads((directory / f"{name}.json").read_text())
+            for key, store in (("src", self._src), ("trg", self._trg), ("off", self._off)):
+                path = directory / f"{name}.{key}.npy"
+                try:
+                    size = path.stat().st_size
+                    array = np.load(path, mmap_mode="r", allow_pickle=False)
+                except (OSError, ValueError) as e:
+                    raise NMTError(f"{path}: unreadable shard ({e}); delete {directory} and prepare again") from None
+                if size != meta["bytes"][key]:
+                    raise NMTError(f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?)")
+                store.append(array)
+        counts = [off.shape[1] - 1 for off in self._off]
+        self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
+        np.cumsum(counts, out=self._starts[1:])
+        self.src_lens = self._lengths(0)
+        self.trg_lens = self._lengths(1)
+
+    def _lengths(self, side: int) -> np.ndarray:
+        if not self._off:
+            return np.zeros(0, dtype=np.uint16)
+        lengths = np.concatenate([np.diff(off[side]) for off in self._off])
+        return lengths.astype(np.uint16 if lengths.max(initial=0) < 2**16 else np.uint32)
+
+    def __len__(self) -> int:
+        return int(self._starts[-1])
+
+    def pairs(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Source and target ids of the pairs at global indices ``rows``, in that order."""
+        rows = np.asarray(rows, dtype=np.int64)
+        shards = np.searchsorted(self._starts, rows, side="right") - 1
+        src, trg = [], []
+        for shard, local in zip(shards.tolist(), (rows - self._starts[shards]).tolist()):
+            (s0, t0), (s1, t1) = self._off[shard][:, local : local + 2].T.tolist()
+            src.append(np.asarray(self._src[shard][s0:s1]))
+            trg.append(np.asarray(self._trg[shard][t0:t1]))
+        return src, trg

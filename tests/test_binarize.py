@@ -1,0 +1,177 @@
+"""Binarized, memory-mapped training data: exact ids, full coverage, safe interrupted preparation."""
+
+from __future__ import annotations
+
+import json
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import tiny_config, write_corpus
+
+from nmt import binarize as bz
+from nmt.batching import token_batches
+from nmt.config import load_config
+from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
+from nmt.errors import NMTError
+from nmt.prepare import prepare, train_data_dir
+from nmt.tokenizer import Tokenizer
+
+WORDS = "der die das hund katze haus sieht läuft schnell klein groß alt neu ein eine kind".split()
+
+
+def _random_pairs(n: int, seed: int = 0) -> list[tuple[str, str]]:
+    rng = random.Random(seed)
+    pairs = []
+    for i in range(n):
+        src = " ".join(rng.choice(WORDS) for _ in range(rng.randint(1, 12)))
+        trg = " ".join(rng.choice(WORDS[::-1]) for _ in range(rng.randint(1, 12)))
+        if i % 97 == 5:
+            src = "   "  # dropped by cleaning
+        if i % 101 == 7:
+            trg = " ".join(["lang"] * 60)  # dropped by the length filter
+        pairs.append((src, trg))
+    return pairs
+
+
+def _config(tmp_path: Path, n_pairs: int, **data):
+    path = tiny_config(tmp_path)
+    write_corpus(tmp_path / "data", "train", _random_pairs(n_pairs))
+    sets = [f"data.{k}={v}" for k, v in {"shard_pairs": 100, "max_len": 40, **data}.items()]
+    return load_config(path, sets)
+
+
+def _direct_encoding(cfg, tok: Tokenizer):
+    """What encoding the whole corpus at once, with the same cleaning and filter, gives."""
+    src, trg = [], []
+    for s, t in iter_parallel(cfg.data.train, "de", "en", 10**9):
+        src += s
+        trg += t
+    src, trg, _ = clean_pairs(src, trg)
+    src_ids, trg_ids = tok.encode(src), tok.encode(trg)
+    keep, _ = filter_by_length([len(s) for s in src_ids], [len(t) for t in trg_ids], cfg.data.max_len, 3.0)
+    return [src_ids[i] for i in keep], [trg_ids[i] for i in keep]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
+    cfg = _config(tmp_path, 950, workers=workers)
+    lines = []
+    data = prepare(cfg, Path(cfg.run_dir), lines.append)
+    corpus = data.train
+    src_ids, trg_ids = _direct_encoding(cfg, data.src_tok)
+    assert len(corpus) == len(src_ids) and len(src_ids) < 950  # both filters dropped something
+    got_src, got_trg = corpus.pairs(range(len(corpus)))
+    assert [s.tolist() for s in got_src] == src_ids
+    assert [t.tolist() for t in got_trg] == trg_ids
+    assert corpus.src_lens.tolist() == [len(s) for s in src_ids]
+    # Random access across shard boundaries, in any order.
+    rows = [len(corpus) - 1, 0, 99, 100, 101, 555]
+    assert [s.tolist() for s in corpus.pairs(rows)[0]] == [src_ids[i] for i in rows]
+    index = json.loads((train_data_dir(Path(cfg.run_dir)) / bz.INDEX).read_text())
+    assert len(index["shards"]) == 10 and index["dtype"] == "uint16"
+    assert any("10 shards" in line for line in lines)
+
+
+def test_batches_cover_every_pair_once_within_budget(tmp_path):
+    cfg = _config(tmp_path, 700)
+    corpus = prepare(cfg, Path(cfg.run_dir), lambda m: None).train
+    for epoch in (1, 2):
+        plan = token_batches(corpus.src_lens, corpus.trg_lens, 200, seed=5, epoch=epoch)
+        flat = np.concatenate(list(plan))
+        assert sorted(flat.tolist()) == list(range(len(corpus)))
+        for rows in plan:
+            src, trg = corpus.pairs(rows)
+            longest = max(max(len(s), len(t)) + 1 for s, t in zip(src, trg))
+            assert len(rows) == 1 or len(rows) * longest <= 200
+
+
+def test_second_preparation_reuses_the_shards(tmp_path):
+    cfg = _config(tmp_path, 300)
+    prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    lines = []
+    prepare(cfg, Path(cfg.run_dir), lines.append)
+    assert any("reusing" in line for line in lines)
+    # Changing the filter changes the fingerprint: the shards are rebuilt, not reused.
+    lines.clear()
+    prepare(replace(cfg, data=replace(cfg.data, max_len=20)), Path(cfg.run_dir), lines.append)
+    assert not any("reusing" in line for line in lines)
+
+
+def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
+    cfg = _config(tmp_path, 640, workers=1)
+    run_dir = Path(cfg.run_dir)
+    directory = train_data_dir(run_dir)
+    real_save = bz._save_npy
+
+    def crash_in_shard_3(path, array):
+        if path.name.startswith("shard-00003.trg"):
+            # Die in the middle of the shard: one array renamed into place, the next one half-written.
+            path.with_name(f".{path.name}.tmp99").write_bytes(b"\x93NUMPY half")
+            raise KeyboardInterrupt
+        real_save(path, array)
+
+    monkeypatch.setattr(bz, "_save_npy", crash_in_shard_3)
+    with pytest.raises(KeyboardInterrupt):
+        prepare(cfg, run_dir, lambda m: None)
+    assert not (directory / bz.INDEX).exists()
+    assert (directory / "shard-00003.src.npy").exists() and not (directory / "shard-00003.json").exists()
+    with pytest.raises(NMTError, match="not a finished data preparation"):
+        bz.ShardedCorpus(directory)
+
+    monkeypatch.setattr(bz, "_save_npy", real_save)
+    calls = []
+    real_encode = bz.encode_shard
+    monkeypatch.setattr(bz, "encode_shard", lambda spec, i, *a: calls.append(i) or real_encode(spec, i, *a))
+    lines = []
+    resumed = prepare(cfg, run_dir, lines.append).train
+    assert any("3 complete shards kept" in line for line in lines)
+    assert calls == [3, 4, 5, 6]  # shards 0-2 were complete and are not encoded again
+    assert not any(p.name.startswith(".") for p in directory.iterdir())  # torn temporaries removed
+    fresh_cfg = replace(cfg, run_dir=str(tmp_path / "fresh"))
+    fresh = prepare(fresh_cfg, Path(fresh_cfg.run_dir), lambda m: None).train
+    rows = range(len(fresh))
+    assert len(resumed) == len(fresh)
+    assert [s.tolist() for s in resumed.pairs(rows)[1]] == [s.tolist() for s in fresh.pairs(rows)[1]]
+
+
+def test_binarize_resumes_only_unfinished_shards(tmp_path):
+    cfg = _config(tmp_path, 450, workers=1)
+    run_dir = Path(cfg.run_dir)
+    prepare(cfg, run_dir, lambda m: None)
+    directory = train_data_dir(run_dir)
+    (directory / bz.INDEX).unlink()
+    (directory / "shard-00002.json").unlink()  # as if killed after shard 2's arrays, before its metadata
+    calls = []
+    spec_index = json.loads((directory / "shard-00000.json").read_text())["fingerprint"]
+    tok = str(run_dir / "spm.model")
+    spec = bz.ShardSpec(str(directory), tok, tok, cfg.data.max_len, 3.0, "uint16", spec_index)
+    chunks = iter_parallel(cfg.data.train, "de", "en", cfg.data.shard_pairs)
+    bz.binarize(chunks, spec, 1, lambda m: None, encode=lambda s, i, *a: calls.append(i) or bz.encode_shard(s, i, *a))
+    assert calls == [2]
+    assert len(bz.ShardedCorpus(directory)) > 0
+
+
+def test_truncated_shard_is_refused_with_its_name(tmp_path):
+    cfg = _config(tmp_path, 250)
+    prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    victim = train_data_dir(Path(cfg.run_dir)) / "shard-00001.trg.npy"
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(NMTError) as err:
+        bz.ShardedCorpus(victim.parent)
+    assert str(victim) in str(err.value) and "truncated" in str(err.value)
+
+
+def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
+    assert bz.id_dtype(8000) == np.uint16
+    assert bz.id_dtype(65536) == np.uint16
+    assert bz.id_dtype(65537) == np.int32
+
+
+def test_empty_training_corpus_is_one_line_error(tmp_path):
+    cfg = _config(tmp_path, 10)
+    write_corpus(tmp_path / "data", "train", [(" ", "x"), ("y", "")])
+    with pytest.raises(NMTError, match="empty after cleaning"):
+        prepare(cfg, Path(cfg.run_dir), lambda m: None)
