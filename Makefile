@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 MULTI30K_DIR ?= $(abspath ../shared/data/multi30k)
 export MULTI30K_DIR
 
-.PHONY: help install demo test lint multi30k-data multi30k multi30k-rnn bench compare clean
+.PHONY: help install demo test lint multi30k-data multi30k multi30k-rnn bench bench-scale compare clean
 
 help:
 	@echo "make demo           train + translate + score the offline synthetic demo (< 5 min on 2 CPU cores)"
@@ -17,6 +17,7 @@ help:
 	@echo "make multi30k-rnn   the LSTM+attention baseline on the same data and budget"
 	@echo "make compare        both Multi30k runs side by side: report/compare.md and report/compare.png"
 	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
+	@echo "make bench-scale    data at scale: prepare 100k and 5M generated pairs, training memory of both"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -57,6 +58,10 @@ compare: multi30k multi30k-rnn
 bench: multi30k-data
 	$(BIN)/nmt bench --config configs/multi30k_transformer.yaml --json runs/bench.json \
 		$$([ -f runs/multi30k_transformer/checkpoints/index.json ] && echo --model runs/multi30k_transformer)
+
+# Preparation throughput and memory, and training memory, for 100k and 5M generated pairs (~20 min).
+bench-scale: install
+	$(BIN)/python scripts/bench_scale.py --pairs 100000 5000000 --updates 100 --json runs/bench_scale.json
 
 clean:
 	rm -rf runs data/demo

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
@@ -149,6 +150,7 @@ def binarize(
     two chunks per worker are in flight, so memory stays bounded however long the corpus.
     """
     encode = encode or encode_shard
+    start = time.perf_counter()
     directory = Path(spec.directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
@@ -186,6 +188,8 @@ def binarize(
         "format": "nmt-shards-1",
         "fingerprint": spec.fingerprint,
         "dtype": spec.dtype,
+        "workers": workers if pool is not None else 1,
+        "seconds": round(time.perf_counter() - start, 3),
         "shards": [_shard_name(i) for i in sorted(metas) if metas[i]["kept"] > 0],
         **_summary(ordered),
     }

@@ -132,14 +132,15 @@ class CheckpointManager:
     atomically after each new file is complete, and old files are deleted only after that.
     """
 
-    def __init__(self, directory: Path, keep_last: int, keep_best: int):
+    def __init__(self, directory: Path, keep_last: int, keep_best: int, clean: bool = True):
         self.directory = directory
         self.keep_last = keep_last
         self.keep_best = keep_best
         directory.mkdir(parents=True, exist_ok=True)
         self.index_path = directory / "index.json"
-        for torn in directory.glob(".*.tmp*"):  # temporary files of a process that died mid-write
-            torn.unlink(missing_ok=True)
+        if clean:  # only the process that writes checkpoints may remove temporaries
+            for torn in directory.glob(".*.tmp*"):  # temporary files of a process that died mid-write
+                torn.unlink(missing_ok=True)
 
     def read_index(self) -> dict:
         try:

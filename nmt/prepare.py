@@ -136,7 +136,11 @@ def _binarized_train(cfg: Config, run_dir: Path, src_tok: Tokenizer, trg_tok: To
         fingerprint=fingerprint,
     )
     summary = binarize(_train_chunks(cfg), spec, workers, log)
-    log(f"train: {describe_drops(summary, d.max_len, d.max_len_ratio)}; {len(summary['shards'])} shards")
+    rate = summary["read"] / max(summary["seconds"], 1e-9)
+    log(
+        f"train: {describe_drops(summary, d.max_len, d.max_len_ratio)}; {len(summary['shards'])} shards, "
+        f"read and encoded by {summary['workers']} process(es) in {summary['seconds']:.1f} s ({rate:.0f} pairs/s)"
+    )
     if summary["kept"] == 0:
         if summary["read"] == summary["empty"]:
             raise NMTError(f"config key 'data.train': the corpus '{d.train.path}' is empty after cleaning")

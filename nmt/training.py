@@ -3,6 +3,8 @@ checkpoints, and exact resume from the run directory."""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import math
 import os
@@ -14,9 +16,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+import numpy as np
 import torch
 
-from nmt import checkpoint
+from nmt import checkpoint, distributed
 from nmt.batching import make_batch, padding_fraction, token_batches
 from nmt.config import Config, config_to_dict, load_config, save_config
 from nmt.device import resolve
@@ -159,9 +162,12 @@ class Trainer:
         self._print = log
         self._log_file = None
         self.progress = Progress()
+        self.world = distributed.world_from_environment()
 
     def log(self, message: str) -> None:
-        """To the console and to ``train.log`` in the run directory."""
+        """To the console and to ``train.log`` in the run directory (rank 0 only)."""
+        if not self.world.is_main:
+            return
         self._print(message)
         if self._log_file is not None:
             self._log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
@@ -169,15 +175,28 @@ class Trainer:
 
     # -- set-up -------------------------------------------------------------------------
     def _setup(self) -> None:
-        cfg, run_dir = self.cfg, self.run_dir
-        open_run_dir(cfg, run_dir)
-        self._log_file = open(run_dir / "train.log", "a", encoding="utf-8")
-        if cfg.train.threads:
-            torch.set_num_threads(cfg.train.threads)
+        cfg, run_dir, world = self.cfg, self.run_dir, self.world
+        self.device, self.precision = resolve(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+        if world.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", world.local_rank)
+            torch.cuda.set_device(self.device)
+        distributed.init(world, self.device)
+        if world.is_main:
+            open_run_dir(cfg, run_dir)
+            self._log_file = open(run_dir / "train.log", "a", encoding="utf-8")
+        threads = cfg.train.threads
+        if threads is None and world.enabled and self.device.type == "cpu":
+            threads = max(1, (os.cpu_count() or 1) // world.local_world_size)  # ranks on one machine share its cores
+        if threads:
+            torch.set_num_threads(threads)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        self.device, self.precision = resolve(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
-        self.data: Prepared = prepare(cfg, run_dir, self.log)
+        # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.
+        if world.is_main:
+            self.data: Prepared = prepare(cfg, run_dir, self.log)
+        distributed.barrier(world)
+        if not world.is_main:
+            self.data = prepare(cfg, run_dir, self.log)
         tok = self.data.trg_tok
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
         t = cfg.train
@@ -191,14 +210,24 @@ class Trainer:
             fused=fused or None,
         )
         self.scaler = self.precision.grad_scaler()
-        self.checkpoints = checkpoint.CheckpointManager(run_dir / "checkpoints", t.keep_last, t.keep_best)
-        self.step_model = torch.compile(self.model) if t.compile else self.model
-        self.metrics = MetricsLog(run_dir / "metrics.jsonl")
+        self.checkpoints = checkpoint.CheckpointManager(
+            run_dir / "checkpoints", t.keep_last, t.keep_best, clean=world.is_main
+        )
+        self.metrics = MetricsLog(run_dir / "metrics.jsonl") if world.is_main else None
         self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision)
         self._resume()
+        self.ddp = None
+        if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, broadcast_buffers=False)
+        replica = self.ddp if self.ddp is not None else self.model
+        self.step_model = torch.compile(replica) if t.compile else replica
         n_params = sum(p.numel() for p in self.model.parameters())
+        ranks = f" x {world.world_size} ranks ({distributed.backend_for(self.device)})" if world.enabled else ""
         self.log(
-            f"model: {cfg.model.type}, {n_params / 1e6:.2f}M parameters; device {self.device}, "
+            f"model: {cfg.model.type}, {n_params / 1e6:.2f}M parameters; device {self.device}{ranks}, "
             f"precision {self.precision.name}; {len(self.data.train)} training pairs"
         )
 
@@ -227,29 +256,44 @@ class Trainer:
         }
 
     # -- one update ------------------------------------------------------------------------
-    def _update(self, group: list[list[int]]) -> dict | None:
-        """Forward/backward over ``group`` (accumulated batches) and one optimizer step.
+    def _update(self, group: list) -> dict | None:
+        """Forward/backward over ``group`` (accumulated batches, shared out among the ranks) and one
+        optimizer step.
 
         The loss is summed over tokens and divided by the update's target-token count, so an
-        update with accumulation equals one large batch. Returns None when skipped as non-finite.
+        update with accumulation, or over several ranks, equals one large batch. Returns None
+        when skipped as non-finite.
         """
-        cfg, data, tok = self.cfg.train, self.data.train, self.data.trg_tok
+        cfg, data, tok, world = self.cfg.train, self.data.train, self.data.trg_tok, self.world
         p = self.progress
-        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in group]
-        n_tokens = sum(b.n_trg_tokens for b in batches)
+        mine, weight = distributed.share(group, world), 1.0
+        if not mine:  # fewer batches than ranks at the end of an epoch: join in with a zero-weight batch
+            mine, weight = group[:1], 0.0
+        if world.enabled:  # dropout masks differ per rank, and do not depend on how the run was resumed
+            torch.manual_seed(_rank_seed(self.cfg.seed, world.rank, p.update))
+        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in mine]
+        # Every rank knows every pair's length, so the update's token count needs no communication.
+        n_tokens = sum(int(data.trg_lens[rows].sum(dtype=np.int64)) + len(rows) for rows in group)
+        # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
+        loss_scale = world.world_size * weight
         lr = learning_rate(p.update + 1, cfg)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum, nll_sum = 0.0, 0.0
-        for batch in batches:
+        for i, batch in enumerate(batches):
             batch = batch.to(self.device)
-            with self.precision.autocast():
-                logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
-            loss, nll = label_smoothed_nll(logits, batch.trg_out, cfg.label_smoothing, tok.pad_id)
-            self.scaler.scale(loss / n_tokens).backward()
-            loss_sum += loss.item()
-            nll_sum += nll.item()
+            last = i == len(batches) - 1
+            # Gradients are all-reduced once per update, in the last backward pass.
+            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+                with self.precision.autocast():
+                    logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
+                loss, nll = label_smoothed_nll(logits, batch.trg_out, cfg.label_smoothing, tok.pad_id)
+                self.scaler.scale(loss * loss_scale / n_tokens).backward()
+            loss_sum += loss.item() * weight
+            nll_sum += nll.item() * weight
+        src_tokens = sum(b.n_src_tokens for b in batches) * weight
+        loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
@@ -272,17 +316,28 @@ class Trainer:
         p.nonfinite_in_row = 0
         p.update += 1
         p.trg_tokens += n_tokens
+        _trace_parameters(self.model, world.rank, p.update)
         return {
             "loss": loss_sum / n_tokens,
             "nll": nll_sum / n_tokens,
             "lr": lr,
             "grad_norm": grad_norm,
             "trg_tokens": n_tokens,
-            "src_tokens": sum(b.n_src_tokens for b in batches),
+            "src_tokens": int(src_tokens),
         }
 
     # -- validation ------------------------------------------------------------------------
-    def validate(self) -> dict:
+    def validate(self) -> dict | None:
+        """Rank 0 validates and checkpoints; every rank then shares its verdict (best score, patience)."""
+        record = self._validate_here() if self.world.is_main else None
+        if self.world.enabled:
+            keys = ("best_bleu", "best_update", "bad_validations", "last_validated")
+            shared = distributed.broadcast({k: getattr(self.progress, k) for k in keys}, self.world)
+            for key, value in shared.items():
+                setattr(self.progress, key, value)
+        return record
+
+    def _validate_here(self) -> dict:
         cfg, p, data = self.cfg, self.progress, self.data
         start = time.perf_counter()
         dev_loss = evaluate_loss(
@@ -351,19 +406,25 @@ class Trainer:
                     reason = f"reached train.max_epochs {t.max_epochs}"
                     break
                 batches = token_batches(src_lens, trg_lens, t.max_tokens, self.cfg.seed, p.epoch)
+                per_update = t.accumulate * self.world.world_size
                 if p.batch_in_epoch == 0 and (p.epoch == 1 or len(batches) >= t.log_every):
                     self.log(
                         f"epoch {p.epoch}: {len(batches)} batches, padding "
                         f"{100 * padding_fraction(batches, src_lens, trg_lens):.1f}% of target slots"
                     )
                 while p.batch_in_epoch < len(batches) and reason is None:
-                    group = batches[p.batch_in_epoch : p.batch_in_epoch + t.accumulate]
+                    group = batches[p.batch_in_epoch : p.batch_in_epoch + per_update]
                     stats = self._update(group)
                     p.batch_in_epoch += len(group)
                     p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+                    if self.world.enabled:  # one clock and one signal for all ranks, so they stop together
+                        p.elapsed_seconds, signum = distributed.all_reduce(
+                            [p.elapsed_seconds, float(guard.received or 0)], self.world, self.device, op="max"
+                        )
+                        guard.received = int(signum) or None
                     if stats is not None:
                         window_tokens += stats["trg_tokens"]
-                        self.metrics.write(
+                        self._write_metrics(
                             {
                                 "type": "train",
                                 "update": p.update,
@@ -400,13 +461,22 @@ class Trainer:
         self.log(f"stopping: {reason}")
         if p.last_validated != p.update:
             self.validate()
-        self.metrics.close()
+        self._close_metrics()
         self.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {self.run_dir}")
         return p
 
+    def _write_metrics(self, record: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    def _close_metrics(self) -> None:
+        if self.metrics is not None:
+            self.metrics.close()
+
     def _stop_on_signal(self, signum: int) -> None:
-        self.checkpoints.save_state(self._state(), self.progress.update)
-        self.metrics.close()
+        if self.world.is_main:
+            self.checkpoints.save_state(self._state(), self.progress.update)
+        self._close_metrics()
         name = signal.Signals(signum).name
         raise Interrupted(
             f"{name} received: checkpoint written at update {self.progress.update}; "
@@ -415,5 +485,24 @@ class Trainer:
         )
 
 
+def _rank_seed(seed: int, rank: int, update: int) -> int:
+    return (seed * 1_000_003 + rank * 7_919 + update) % (2**63)
+
+
+def _trace_parameters(model: torch.nn.Module, rank: int, update: int) -> None:
+    """Test hook: NMT_TEST_PARAM_DIGESTS=DIR makes each rank append a digest of its weights after every update."""
+    directory = os.environ.get("NMT_TEST_PARAM_DIGESTS")
+    if not directory:
+        return
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    with open(Path(directory) / f"rank{rank}.txt", "a", encoding="utf-8") as f:
+        f.write(f"{update} {digest.hexdigest()}\n")
+
+
 def train(cfg: Config, log: Callable[[str], None]) -> Progress:
-    return Trainer(cfg, Path(cfg.run_dir), log).run()
+    try:
+        return Trainer(cfg, Path(cfg.run_dir), log).run()
+    finally:
+        distributed.shutdown()

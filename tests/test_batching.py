@@ -155,3 +155,9 @@ def test_batch_to_device_keeps_content():
     assert torch.equal(moved.src, batch.src) and torch.equal(moved.trg_out, batch.trg_out)
     assert moved.indices == [3] and moved.n_trg_tokens == batch.n_trg_tokens
     assert make_batch([[1]], None, [0], PAD, BOS, EOS).to("cpu").trg_in is None
+
+
+def test_padding_fraction_of_a_plan_equals_that_of_its_batches():
+    src, trg = _lengths(1500, seed=4)
+    plan = token_batches(src, trg, 600, seed=2, epoch=1)
+    assert padding_fraction(plan, src, trg) == pytest.approx(padding_fraction(plan.tolist(), src, trg))

@@ -175,3 +175,14 @@ def test_empty_training_corpus_is_one_line_error(tmp_path):
     write_corpus(tmp_path / "data", "train", [(" ", "x"), ("y", "")])
     with pytest.raises(NMTError, match="empty after cleaning"):
         prepare(cfg, Path(cfg.run_dir), lambda m: None)
+
+
+def test_nmt_prepare_then_train_reuses_the_shards(tmp_path, capsys):
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["prepare", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "prepared 8 training pairs" in err and (tmp_path / "run" / "data" / "train" / bz.INDEX).exists()
+    assert main(["train", "--config", str(config)]) == 0
+    assert "train: reusing 8 encoded pairs in 1 shards" in capsys.readouterr().err

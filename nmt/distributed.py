@@ -1,0 +1,97 @@
+"""Data-parallel training across processes, GPUs and machines, on PyTorch's own engine.
+
+``torchrun`` starts one ``nmt train`` per device and sets RANK, WORLD_SIZE and LOCAL_RANK;
+without them everything here is a no-op for a single process. Gradients are averaged by
+``DistributedDataParallel``; the few other values every rank must agree on (the update's
+statistics, whether to stop, the validation outcome) travel through the small collectives below.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+# Rank 0 prepares the data and validates while the others wait in a collective: allow for a
+# long preparation. torchrun tears the whole job down anyway if any rank dies.
+_TIMEOUT = timedelta(hours=6)
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+
+    @property
+    def enabled(self) -> bool:
+        return self.world_size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+def _env_int(name: str, default: int) -> int:
+    value = os.environ.get(name)
+    return default if value in (None, "") else int(value)
+
+
+def world_from_environment() -> World:
+    """The process's place in a ``torchrun`` job (a world of one without torchrun)."""
+    world_size = _env_int("WORLD_SIZE", 1)
+    return World(
+        rank=_env_int("RANK", 0),
+        world_size=world_size,
+        local_rank=_env_int("LOCAL_RANK", 0),
+        local_world_size=_env_int("LOCAL_WORLD_SIZE", world_size),
+    )
+
+
+def backend_for(device: torch.device) -> str:
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+def init(world: World, device: torch.device) -> None:
+    if world.enabled and not dist.is_initialized():
+        dist.init_process_group(
+            backend=backend_for(device), rank=world.rank, world_size=world.world_size, timeout=_TIMEOUT
+        )
+
+
+def shutdown() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def barrier(world: World) -> None:
+    if world.enabled:
+        dist.barrier()
+
+
+def share(group: list, world: World) -> list:
+    """This rank's batches of one update's ``group``: round-robin, so every rank gets one when it can."""
+    return group[world.rank :: world.world_size]
+
+
+def all_reduce(values: list[float], world: World, device: torch.device, op: str = "sum") -> list[float]:
+    """Sum (or max) of each value over the ranks; float64, so token counts stay exact."""
+    if not world.enabled:
+        return list(values)
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM if op == "sum" else dist.ReduceOp.MAX)
+    return t.tolist()
+
+
+def broadcast(obj: Any, world: World) -> Any:
+    """Rank 0's ``obj`` on every rank (a small picklable value)."""
+    if not world.enabled:
+        return obj
+    holder = [obj]
+    dist.broadcast_object_list(holder, src=0)
+    return holder[0]

@@ -1,0 +1,155 @@
+"""Data at scale: preparation throughput and memory on generated corpora, and the resident memory
+of training with a small and a large corpus, which should be about the same.
+
+    python scripts/bench_scale.py --pairs 100000 5000000 --updates 100
+
+For each size: generate the synthetic language pair (nmt/synthetic.py), run ``nmt prepare`` and
+then ``nmt train`` as subprocesses, sampling their memory from /proc every 0.1 s. Preparation
+memory sums the whole process tree (the encoding workers included). Figures go to stdout and
+to a JSON file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+from nmt.synthetic import write_synthetic_corpus
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _status_kib(pid: int) -> dict[str, int]:
+    fields = {}
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key in ("VmRSS", "RssAnon", "RssFile"):
+                    fields[key] = int(value.split()[0])
+    except OSError:
+        pass
+    return fields
+
+
+def _tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass
+    return pids
+
+
+def run_measured(cmd: list[str], marker: str | None = None) -> dict:
+    """Run ``cmd``; peak RSS of its process tree and of the process itself, and when ``marker`` was printed."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    peak = {"tree_rss": 0, "rss": 0, "anon": 0}
+    last: dict[str, int] = {}
+    marker_at: list[float] = []
+
+    def read_stderr():
+        for line in proc.stderr:
+            sys.stderr.write("    " + line)
+            if marker and marker in line and not marker_at:
+                marker_at.append(time.perf_counter() - start)
+
+    reader = threading.Thread(target=read_stderr, daemon=True)
+    reader.start()
+    while proc.poll() is None:
+        own = _status_kib(proc.pid)
+        if own:
+            last = own
+        tree = sum(_status_kib(p).get("VmRSS", 0) for p in _tree(proc.pid))
+        peak["tree_rss"] = max(peak["tree_rss"], tree)
+        peak["rss"] = max(peak["rss"], own.get("VmRSS", 0))
+        peak["anon"] = max(peak["anon"], own.get("RssAnon", 0))
+        time.sleep(0.1)
+    reader.join()
+    if proc.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed with exit code {proc.returncode}")
+    mib = 1024
+    return {
+        "seconds": round(time.perf_counter() - start, 1),
+        "peak_tree_rss_mib": round(peak["tree_rss"] / mib),
+        "peak_rss_mib": round(peak["rss"] / mib),
+        "peak_anon_mib": round(peak["anon"] / mib),
+        "final_rss_mib": round(last.get("VmRSS", 0) / mib),
+        "final_anon_mib": round(last.get("RssAnon", 0) / mib),
+        "final_file_mib": round(last.get("RssFile", 0) / mib),
+        "marker_seconds": round(marker_at[0], 1) if marker_at else None,
+    }
+
+
+def bench_size(n: int, updates: int, workdir: Path, config: Path) -> dict:
+    data_dir, run_dir = workdir / f"scale-data-{n}", workdir / f"scale-{n}"
+    start = time.perf_counter()
+    write_synthetic_corpus(data_dir, "src", "trg", n_train=n, n_dev=300, n_test=300, seed=1)
+    generated = time.perf_counter() - start
+    shutil.rmtree(run_dir, ignore_errors=True)
+    nmt = [sys.executable, "-m", "nmt"]
+    sets = ["--set", f"run_dir={run_dir}", "--set", f"data.train={data_dir / 'train'}"]
+    sets += ["--set", f"data.dev={data_dir / 'dev'}"]
+    print(f"== {n} pairs: nmt prepare", file=sys.stderr)
+    prep = run_measured(nmt + ["prepare", "--config", str(config)] + sets)
+    print(f"== {n} pairs: nmt train, {updates} updates", file=sys.stderr)
+    train = run_measured(
+        nmt
+        + ["train", "--config", str(config)]
+        + sets
+        + ["--set", f"train.max_updates={updates}", "--set", f"train.warmup_updates={min(50, updates)}"],
+        marker="epoch 1:",
+    )
+    index = json.loads((run_dir / "data" / "train" / "index.json").read_text())
+    return {
+        "pairs": n,
+        "generate_seconds": round(generated, 1),
+        "shards": len(index["shards"]),
+        "tokens": index["src_tokens"] + index["trg_tokens"],
+        "prepare": {**prep, "pairs_per_second": round(n / prep["seconds"])},
+        "encode": {
+            "seconds": index["seconds"],
+            "workers": index["workers"],
+            "pairs_per_second": round(n / index["seconds"]),
+        },
+        "train": train,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pairs", type=int, nargs="+", default=[100_000, 5_000_000])
+    parser.add_argument("--updates", type=int, default=100)
+    parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"))
+    parser.add_argument("--workdir", default=str(ROOT / "runs"))
+    parser.add_argument("--json", default=str(ROOT / "runs" / "bench_scale.json"))
+    args = parser.parse_args()
+    results = [bench_size(n, args.updates, Path(args.workdir), Path(args.config)) for n in args.pairs]
+    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    print(
+        "| pairs | prepare s (all) | pairs/s (all) | read+encode pairs/s | prepare peak RSS (tree) "
+        "| train start s | train peak RSS | peak anon | file-backed at end |"
+    )
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    for r in results:
+        p, t = r["prepare"], r["train"]
+        print(
+            f"| {r['pairs']:,} | {p['seconds']} | {p['pairs_per_second']:,} | {r['encode']['pairs_per_second']:,} "
+            f"| {p['peak_tree_rss_mib']} MiB | "
+            f"{t['marker_seconds']} | {t['peak_rss_mib']} MiB | {t['peak_anon_mib']} MiB | {t['final_file_mib']} MiB |"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,117 @@
+"""Data-parallel training with torchrun on CPU (gloo): replicas stay identical, two ranks equal one
+process on the same global batches, and a run resumes with a different number of ranks."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config, write_corpus
+
+from nmt import checkpoint
+from nmt.batching import token_batches
+from nmt.config import load_config
+from nmt.distributed import World, share
+from nmt.prepare import prepare
+
+WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
+UPDATES = 6
+
+
+def _pairs(n: int) -> list[tuple[str, str]]:
+    rng = random.Random(4)
+    out = []
+    for _ in range(n):
+        words = [rng.choice(WORDS) for _ in range(rng.randint(2, 9))]
+        out.append((" ".join(words), " ".join(reversed(words))))
+    return out
+
+
+def _train(config: Path, sets: list[str], nproc: int, env: dict) -> None:
+    if nproc == 1:
+        cmd = [sys.executable, "-m", "nmt", "train"]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        cmd += ["-m", "nmt", "train"]
+    cmd += ["--config", str(config)] + [a for s in sets for a in ("--set", s)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+
+def _weights(run_dir: Path, update: int) -> dict[str, torch.Tensor]:
+    return checkpoint.load(run_dir / "checkpoints" / f"update_{update:08d}.pt")["model"]
+
+
+def _max_diff(a: dict, b: dict) -> float:
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    """A corpus whose epoch has an odd number of batches, so one update has fewer batches than ranks."""
+    root = tmp_path_factory.mktemp("ddp")
+    config = tiny_config(root, max_updates=UPDATES, validate_every=1000, log_every=1, warmup_updates=2)
+    write_corpus(root / "data", "train", _pairs(120))
+    cfg = load_config(config)
+    data = prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    for max_tokens in range(60, 200, 4):
+        n = len(token_batches(data.train.src_lens, data.train.trg_lens, max_tokens, cfg.seed, 1))
+        if n % 2 == 1 and 2 * UPDATES // 2 < n < 2 * UPDATES:  # the epoch ends inside the run
+            break
+    else:
+        pytest.fail("no budget gives an odd number of batches")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).parent.parent)}
+    return root, config, Path(cfg.run_dir), max_tokens, env
+
+
+def _run_dir(setup, name: str) -> list[str]:
+    """Overrides for a fresh run directory that reuses the prepared tokenizer."""
+    root, _, prepared, max_tokens, _ = setup
+    run_dir = root / name
+    run_dir.mkdir()
+    shutil.copy(prepared / "spm.model", run_dir / "spm.model")
+    shutil.copy(prepared / "spm.vocab", run_dir / "spm.vocab")
+    return [f"run_dir={run_dir}", f"train.max_tokens={max_tokens}", "train.threads=1"]
+
+
+def test_two_gloo_ranks_equal_one_process_on_the_same_global_batches(setup):
+    root, config, _, _, env = setup
+    single = _run_dir(setup, "single")
+    _train(config, single + ["train.accumulate=2"], 1, env)
+    digests = root / "digests"
+    digests.mkdir()
+    ddp = _run_dir(setup, "ddp")
+    _train(config, ddp + ["train.accumulate=1"], 2, {**env, "NMT_TEST_PARAM_DIGESTS": str(digests)})
+
+    rank0 = (digests / "rank0.txt").read_text().splitlines()
+    rank1 = (digests / "rank1.txt").read_text().splitlines()
+    assert len(rank0) == UPDATES and rank0 == rank1  # identical parameters after every update
+    diff = _max_diff(_weights(root / "single", UPDATES), _weights(root / "ddp", UPDATES))
+    assert diff <= 1e-5
+    log = (root / "ddp" / "train.log").read_text()
+    assert "x 2 ranks (gloo)" in log
+    assert not (root / "ddp" / "train.log").read_text().count("model:") > 1  # rank 0 alone writes the log
+
+
+def test_resume_with_a_different_number_of_ranks(setup):
+    root, config, _, _, env = setup
+    resumed = _run_dir(setup, "resumed")
+    _train(config, resumed + ["train.accumulate=1", "train.max_updates=3"], 2, env)
+    _train(config, resumed + ["train.accumulate=2"], 1, env)  # the same global batch on one process
+    reference = root / "single"
+    if not reference.exists():
+        _train(config, _run_dir(setup, "single") + ["train.accumulate=2"], 1, env)
+    assert _max_diff(_weights(root / "resumed", UPDATES), _weights(reference, UPDATES)) <= 1e-5
+    assert "resuming at update 3" in (root / "resumed" / "train.log").read_text()
+
+
+def test_share_gives_every_rank_its_round_robin_part():
+    group = [[1], [2], [3]]
+    assert [share(group, World(rank=r, world_size=2)) for r in (0, 1)] == [[[1], [3]], [[2]]]
+    assert share(group[:1], World(rank=1, world_size=2)) == []  # the trainer then adds a zero-weight batch
