@@ -8,6 +8,7 @@ statistics, whether to stop, the validation outcome) travel through the small co
 
 from __future__ import annotations
 
+import inspect
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -72,6 +73,15 @@ def shutdown() -> None:
 def barrier(world: World) -> None:
     if world.enabled:
         dist.barrier()
+
+
+def no_buffer_sync() -> dict[str, bool]:
+    """DDP keyword that skips syncing buffers before every forward (ours are constants), in this torch's name."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    if "forward_sync_buffers" in inspect.signature(DistributedDataParallel.__init__).parameters:
+        return {"forward_sync_buffers": False}
+    return {"broadcast_buffers": False}
 
 
 def share(group: list, world: World) -> list:

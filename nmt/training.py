@@ -221,7 +221,7 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
 
             device_ids = [self.device.index] if self.device.type == "cuda" else None
-            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, broadcast_buffers=False)
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
         replica = self.ddp if self.ddp is not None else self.model
         self.step_model = torch.compile(replica) if t.compile else replica
         n_params = sum(p.numel() for p in self.model.parameters())
