@@ -4,7 +4,10 @@ Conventions shared by both searches:
 - Output lengths count generated tokens, the final EOS included; a sentence may use at most
   ``max_len`` decoding steps. A hypothesis without EOS by then is returned as it stands.
 - Returned token ids carry neither BOS nor EOS.
-- Scores are log-probabilities from a log_softmax in fp32, whatever dtype the model computes in.
+- Scores are log-probabilities from a log_softmax in fp32, whatever dtype the model computes in;
+  only the few that can matter per row are kept (``top_log_probs``).
+- Both run under no_grad rather than inference_mode, so that autocast can cache its
+  low-precision copy of each weight across steps (see ``Translator.translate_ids``).
 - Sentences that are done leave the batch (``reorder_state`` with the surviving rows), so the
   late steps, when only long sentences remain, are cheap.
 """
@@ -25,11 +28,46 @@ def max_output_lengths(src_mask: torch.Tensor, a: float, b: float) -> torch.Tens
     return torch.floor(a * src_len + b).long().clamp(min=1)
 
 
+def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """topk(log_softmax(logits.float(), -1), k), computed by blocks of rows: logits (N, V)
+    -> log-probabilities (N, k) fp32, best first, and their token ids (N, k).
+
+    The same kernels on the same rows, so the same values; but on CPU each block's fp32
+    log-probabilities (~2 MB) stay in cache and only k per row are kept. Building the whole (N, V)
+    fp32 tensor (47 MB for 1,500 beams over 8k words) and adding the beam scores to it cost more
+    than the output projection itself, much of it in page faults on fresh memory. A GPU does one block.
+    """
+    N, V = logits.shape
+    rows = max(1, (1 << 19) // V) if logits.device.type == "cpu" else max(N, 1)
+    values = torch.empty(N, k, dtype=torch.float32, device=logits.device)
+    ids = torch.empty(N, k, dtype=torch.long, device=logits.device)
+    for a in range(0, N, rows):
+        block = torch.log_softmax(logits[a : a + rows], dim=-1, dtype=torch.float32)  # (rows, V)
+        torch.topk(block, k, dim=-1, out=(values[a : a + rows], ids[a : a + rows]))
+    return values, ids
+
+
+def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+    """The k best one-token continuations of each sentence's K beams, best first.
+
+    scores (n, K) summed log-probabilities of the beams, logits (n*K, V) for their next token
+    -> scores (n, k), beam (n, k) in 0..K-1, token (n, k): a topk over the n x K*V sums
+    ``scores[:, :, None] + log_softmax(logits)``, but only each beam's own k best tokens are
+    looked at, since a continuation in its sentence's best k is among its beam's best k.
+    """
+    n, K = scores.shape
+    width = min(k, logits.shape[-1])
+    lprobs, ids = top_log_probs(logits, width)  # (n*K, w)
+    cand = (scores.reshape(-1, 1) + lprobs).view(n, K * width)
+    top_scores, top_idx = cand.topk(min(k, K * width), dim=1)  # (n, k)
+    return top_scores, top_idx // width, ids.view(n, K * width).gather(1, top_idx)
+
+
 def _strip_eos(ids: list[int], eos_id: int) -> list[int]:
     return ids[:-1] if ids and ids[-1] == eos_id else ids
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def greedy_search(
     model: Seq2Seq,
     src: torch.Tensor,
@@ -52,7 +90,7 @@ def greedy_search(
     out: list[list[int]] = [[] for _ in range(B)]
     for t in range(int(limit.max())):
         logits, state = model.decode_step(tokens, state)  # (n, V)
-        tokens = torch.log_softmax(logits.float(), dim=-1).argmax(dim=-1)  # (n,)
+        tokens = logits.argmax(dim=-1)  # (n,): log_softmax keeps each row's order, no need to normalise
         history = torch.cat([history, tokens[:, None]], dim=1)
         done = (tokens == eos_id) | (limit <= t + 1)
         if not bool(done.any()):
@@ -68,7 +106,7 @@ def greedy_search(
     return out
 
 
-@torch.inference_mode()
+@torch.no_grad()
 def beam_search(
     model: Seq2Seq,
     src: torch.Tensor,
@@ -85,8 +123,9 @@ def beam_search(
     """Batched beam search; per sentence the ``nbest`` best (token ids, score), best first.
 
     The K = beam_size hypotheses of all n unfinished sentences form one batch of n*K rows.
-    Each step, per sentence, the 2K best continuations of its K beams are taken (one topk over
-    K*V); those among the best K that end in EOS are finished, the best K others stay alive.
+    Each step, per sentence, the 2K best continuations of its K beams are taken
+    (``best_continuations``); those among the best K that end in EOS are finished, the best K
+    others stay alive.
 
     Score of a finished hypothesis y of |y| tokens (EOS included):
         score(y) = sum_t log p(y_t | y_<t, x) / |y| ** length_penalty
@@ -119,11 +158,7 @@ def beam_search(
     while sent:
         n = len(sent)
         logits, state = model.decode_step(tokens, state)  # (n*K, V)
-        lprobs = torch.log_softmax(logits.float(), dim=-1)
-        V = lprobs.shape[-1]
-        cand = (scores[:, :, None] + lprobs.view(n, K, V)).view(n, K * V)
-        top_scores, top_idx = cand.topk(min(2 * K, K * V), dim=1)  # (n, 2K), best first
-        top_beam, top_tok = top_idx // V, top_idx % V
+        top_scores, top_beam, top_tok = best_continuations(scores, logits, 2 * K)  # (n, 2K), best first
         base = torch.arange(n, device=device)[:, None] * K  # (n, 1) first row of each sentence
         norm = float(t + 1) ** length_penalty
 

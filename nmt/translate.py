@@ -54,7 +54,9 @@ class Translator:
         max_src = max_source_length(self.model.max_positions, decode)
         src_ids = [s[:max_src] for s in src_ids]
         lengths = [len(s) for s in src_ids]
-        with torch.inference_mode(), self.precision.autocast():
+        # no_grad, not inference_mode: autocast keeps its bf16 copy of each weight for the whole
+        # call only outside inference mode; otherwise every step casts every weight again.
+        with torch.no_grad(), self.precision.autocast():
             for rows in sentence_batches(lengths, decode.batch_tokens):
                 batch = make_batch([src_ids[i] for i in rows], None, rows, tok.pad_id, tok.bos_id, tok.eos_id)
                 batch = batch.to(self.device)

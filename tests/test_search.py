@@ -8,7 +8,7 @@ import torch
 from nmt.config import ModelConfig
 from nmt.models.base import Seq2Seq
 from nmt.models.transformer import Transformer
-from nmt.search import beam_search, greedy_search, max_output_lengths
+from nmt.search import beam_search, best_continuations, greedy_search, max_output_lengths, top_log_probs
 
 PAD, BOS, EOS, V = 0, 1, 2, 17
 
@@ -127,6 +127,37 @@ def test_max_length_respected_without_eos():
 def test_max_output_lengths_excludes_source_eos():
     mask = torch.tensor([[True] * 11, [True] * 3 + [False] * 8])
     assert max_output_lengths(mask, 1.2, 10).tolist() == [22, 12]  # floor(1.2 * 10 + 10), floor(1.2 * 2 + 10)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("V", [17, 3000])
+def test_top_log_probs_equal_full_log_softmax_topk(dtype, V):
+    """Blocks of rows (several, the last one partial, for V = 3000) give the full computation's values bit for bit."""
+    logits = (torch.randn(700, V, generator=torch.Generator().manual_seed(V)) * 4).to(dtype)
+    full = torch.log_softmax(logits.float(), dim=-1)
+    for k in (1, 10):
+        values, ids = top_log_probs(logits, k)
+        assert values.dtype == torch.float32 and values.shape == ids.shape == (700, k)
+        assert torch.equal(values, full.topk(k, dim=-1).values)
+        assert torch.equal(full.gather(1, ids), values)  # ids may order bf16 ties differently, never wrongly
+        assert (ids.sort(dim=1).values.diff(dim=1) > 0).all()  # k distinct tokens per row
+
+
+@pytest.mark.parametrize("V", [3, 17, 500])
+def test_best_continuations_equal_topk_over_all_beams(V):
+    """Looking at each beam's best k only finds the sentence's best k over all K*V continuations."""
+    g = torch.Generator().manual_seed(V)
+    n, K = 6, 4
+    scores = torch.randn(n, K, generator=g) * 3
+    scores[0, 1:] = -math.inf  # the first step: one live beam
+    logits = torch.randn(n * K, V, generator=g) * 3
+    k = min(2 * K, K * V)
+    cand = (scores[:, :, None] + torch.log_softmax(logits, dim=-1).view(n, K, V)).view(n, K * V)
+    ref_scores, ref_idx = cand.topk(k, dim=1)
+    top_scores, beam, tok = best_continuations(scores, logits, 2 * K)
+    assert torch.equal(top_scores, ref_scores)
+    finite = ref_scores > -math.inf  # among -inf candidates any order will do
+    assert torch.equal((beam * V + tok)[finite], ref_idx[finite])
 
 
 # ---------------------------------------------------------------------------- oracle
