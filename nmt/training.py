@@ -465,13 +465,24 @@ class Trainer:
         self.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {self.run_dir}")
         return p
 
+    def close(self) -> None:
+        """Release the run's files (log, metrics, shards); safe to call at any point."""
+        self._close_metrics()
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        data = getattr(self, "data", None)
+        if data is not None:
+            data.train.close()
+
     def _write_metrics(self, record: dict) -> None:
         if self.metrics is not None:
             self.metrics.write(record)
 
     def _close_metrics(self) -> None:
-        if self.metrics is not None:
-            self.metrics.close()
+        metrics = getattr(self, "metrics", None)
+        if metrics is not None:
+            metrics.close()
 
     def _stop_on_signal(self, signum: int) -> None:
         if self.world.is_main:
@@ -502,7 +513,9 @@ def _trace_parameters(model: torch.nn.Module, rank: int, update: int) -> None:
 
 
 def train(cfg: Config, log: Callable[[str], None]) -> Progress:
+    trainer = Trainer(cfg, Path(cfg.run_dir), log)
     try:
-        return Trainer(cfg, Path(cfg.run_dir), log).run()
+        return trainer.run()
     finally:
+        trainer.close()
         distributed.shutdown()

@@ -70,8 +70,13 @@ def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
     # Random access across shard boundaries, in any order.
     rows = [len(corpus) - 1, 0, 99, 100, 101, 555]
     assert [s.tolist() for s in corpus.pairs(rows)[0]] == [src_ids[i] for i in rows]
-    index = json.loads((train_data_dir(Path(cfg.run_dir)) / bz.INDEX).read_text())
+    directory = train_data_dir(Path(cfg.run_dir))
+    index = json.loads((directory / bz.INDEX).read_text())
     assert len(index["shards"]) == 10 and index["dtype"] == "uint16"
+    # The shards are plain .npy files: a memory map of one holds its pairs' ids back to back.
+    kept = json.loads((directory / "shard-00000.json").read_text())["kept"]
+    mapped = np.load(directory / "shard-00000.trg.npy", mmap_mode="r")
+    assert mapped.dtype == np.uint16 and mapped.tolist() == [t for ids in trg_ids[:kept] for t in ids]
     assert any("10 shards" in line for line in lines)
 
 
