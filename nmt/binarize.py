@@ -115,16 +115,17 @@ def _complete_shard(directory: Path, index: int, fingerprint: str) -> dict | Non
     return meta
 
 
-def _clear(directory: Path, keep_fingerprint: str) -> int:
-    """Remove temporaries and shards of another fingerprint; returns how many complete shards remain."""
-    kept = 0
+def _clear(directory: Path, keep_fingerprint: str) -> dict[int, dict]:
+    """Remove temporaries and shards of another fingerprint; returns the complete shards' metadata by index."""
+    kept: dict[int, dict] = {}
     for path in directory.iterdir():
         if is_temporary(path):
             path.unlink(missing_ok=True)
     for meta_path in sorted(directory.glob("shard-*.json")):
         index = int(meta_path.name[len("shard-") : -len(".json")])
-        if _complete_shard(directory, index, keep_fingerprint) is not None:
-            kept += 1
+        meta = _complete_shard(directory, index, keep_fingerprint)
+        if meta is not None:
+            kept[index] = meta
             continue
         for key in _ARRAYS:
             (directory / f"{meta_path.stem}.{key}.npy").unlink(missing_ok=True)
@@ -154,9 +155,9 @@ def binarize(
     directory = Path(spec.directory)
     directory.mkdir(parents=True, exist_ok=True)
     (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
-    reused = _clear(directory, spec.fingerprint)
-    if reused:
-        log(f"train: resuming an interrupted preparation; {reused} complete shards kept")
+    finished = _clear(directory, spec.fingerprint)
+    if finished:
+        log(f"train: resuming an interrupted preparation; {len(finished)} complete shards kept")
     metas: dict[int, dict] = {}
     pending: deque = deque()
     stream = iter(chunks)
@@ -166,9 +167,8 @@ def binarize(
     pool = multiprocessing.get_context("spawn").Pool(workers) if parallel else None
     try:
         for index, (src, trg) in enumerate(chain(head, stream)):
-            done = _complete_shard(directory, index, spec.fingerprint)
-            if done is not None:
-                metas[index] = done
+            if index in finished:
+                metas[index] = finished[index]
             elif pool is None:
                 metas[index] = encode(local_spec, index, src, trg)
             else:

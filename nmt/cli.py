@@ -191,6 +191,17 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="default: the run's train.precision")
 
 
+def _add_config_options(p: argparse.ArgumentParser, config_help: str = "YAML config file (see configs/)") -> None:
+    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config value, e.g. --set train.max_updates=500 (repeatable)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="nmt",
@@ -207,24 +218,16 @@ def build_parser() -> argparse.ArgumentParser:
         help="prepare data, train, validate, checkpoint (resumes an existing run)",
         description="Train from a YAML config. Running it again on the same run_dir resumes.",
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value, e.g. --set train.max_updates=500 (repeatable)",
-    )
+    _add_config_options(p)
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser(
         "prepare",
         help="tokenize and binarize the training data into the run directory (train does it too)",
-        description="Train or reuse SentencePiece and encode the training corpus into memory-mapped shards, "
+        description="Train or reuse SentencePiece and encode the training corpus into memory-mappable shards, "
         "using data.workers processes. An interrupted preparation resumes; 'nmt train' then starts at once.",
     )
-    p.add_argument("--config", required=True, help="YAML config file (see configs/)")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    _add_config_options(p)
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser(
@@ -258,8 +261,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Benchmark a config: real training updates on its data, decoding of its test set, "
         "and the matrix-multiply peak of the same device and precision, in one run.",
     )
-    p.add_argument("--config", required=True, help="YAML config whose data and model to use")
-    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config value")
+    _add_config_options(p, "YAML config whose data and model to use")
     p.add_argument("--model", metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)")
     p.add_argument("--updates", type=_positive_int, default=30, help="timed training updates (default 30)")
     p.add_argument("--warmup", type=_positive_int, default=5, help="untimed updates first (default 5)")

@@ -118,6 +118,10 @@ def _plain_file(prefix: str, lang: str) -> Path:
     return found if found is not None else plain_paths(prefix, lang)[0]  # iter_lines names the missing one
 
 
+def _misaligned(src_path: Path, n_src: int, trg_path: Path, n_trg: int) -> NMTError:
+    return NMTError(f"{src_path} has {n_src} lines but {trg_path} has {n_trg}: parallel files must align line by line")
+
+
 def _iter_plain(prefix: str, src_lang: str, trg_lang: str) -> Iterator[tuple[str, str]]:
     src_path, trg_path = _plain_file(prefix, src_lang), _plain_file(prefix, trg_lang)
     src_lines, trg_lines = iter_lines(src_path), iter_lines(trg_path)
@@ -125,17 +129,12 @@ def _iter_plain(prefix: str, src_lang: str, trg_lang: str) -> Iterator[tuple[str
     for s in src_lines:
         t = next(trg_lines, None)
         if t is None:
-            raise NMTError(
-                f"{src_path} has {n + 1 + sum(1 for _ in src_lines)} lines but {trg_path} has {n}: "
-                "parallel files must align line by line"
-            )
+            raise _misaligned(src_path, n + 1 + sum(1 for _ in src_lines), trg_path, n)
         n += 1
         yield s, t
     extra = sum(1 for _ in trg_lines)
     if extra:
-        raise NMTError(
-            f"{src_path} has {n} lines but {trg_path} has {n + extra}: parallel files must align line by line"
-        )
+        raise _misaligned(src_path, n, trg_path, n + extra)
 
 
 def _iter_tsv(path: Path) -> Iterator[tuple[str, str]]:

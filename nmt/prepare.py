@@ -21,7 +21,7 @@ from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_inde
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import clean_pairs, describe_drops, iter_parallel, plain_paths, read_parallel, resolve_format
 from nmt.errors import NMTError
-from nmt.tokenizer import Tokenizer, train_or_load_tokenizers
+from nmt.tokenizer import Tokenizer, tokenizer_paths, train_or_load_tokenizers
 
 
 @dataclass
@@ -86,11 +86,15 @@ def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
     return h.hexdigest()
 
 
+def _empty_corpus(split: str, spec: CorpusConfig) -> NMTError:
+    return NMTError(f"config key 'data.{split}': the corpus '{spec.path}' is empty after cleaning")
+
+
 def _read_clean(spec: CorpusConfig, cfg: Config, split: str, log: Callable[[str], None]):
     src, trg = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
     src, trg, report = clean_pairs(src, trg)
     if not src:
-        raise NMTError(f"config key 'data.{split}': the corpus '{spec.path}' is empty after cleaning")
+        raise _empty_corpus(split, spec)
     log(f"{split}: {describe_drops(report)}")
     return src, trg
 
@@ -108,8 +112,10 @@ def _train_side(cfg: Config, side: int) -> Iterator[str]:
 def _tokenizers(cfg: Config, run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
-    if next(_train_side(cfg, 0), None) is None:
-        raise NMTError(f"config key 'data.train': the corpus '{d.train.path}' is empty after cleaning")
+    trained = all(p.exists() for p in tokenizer_paths(run_dir, cfg.tokenizer.joint, d.src_lang, d.trg_lang))
+    # Only a tokenizer still to train reads the corpus here: a resumed run does not touch it.
+    if not trained and next(_train_side(cfg, 0), None) is None:
+        raise _empty_corpus("train", d.train)
     return train_or_load_tokenizers(
         cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), run_dir, d.src_lang, d.trg_lang
     )
@@ -143,7 +149,7 @@ def _binarized_train(cfg: Config, run_dir: Path, src_tok: Tokenizer, trg_tok: To
     )
     if summary["kept"] == 0:
         if summary["read"] == summary["empty"]:
-            raise NMTError(f"config key 'data.train': the corpus '{d.train.path}' is empty after cleaning")
+            raise _empty_corpus("train", d.train)
         raise NMTError("config key 'data.max_len': every training pair was dropped by the length filter")
     return ShardedCorpus(directory)
 

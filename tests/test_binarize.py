@@ -191,3 +191,18 @@ def test_nmt_prepare_then_train_reuses_the_shards(tmp_path, capsys):
     assert "prepared 8 training pairs" in err and (tmp_path / "run" / "data" / "train" / bz.INDEX).exists()
     assert main(["train", "--config", str(config)]) == 0
     assert "train: reusing 8 encoded pairs in 1 shards" in capsys.readouterr().err
+
+
+def test_reusing_prepared_shards_does_not_read_the_training_corpus(tmp_path, monkeypatch):
+    import nmt.prepare
+
+    cfg = _config(tmp_path, 300)
+    prepare(cfg, Path(cfg.run_dir), lambda m: None)
+
+    def no_reading(*args, **kwargs):
+        raise AssertionError("the training corpus was read again")
+
+    monkeypatch.setattr(nmt.prepare, "iter_parallel", no_reading)
+    lines = []
+    assert len(prepare(cfg, Path(cfg.run_dir), lines.append).train) > 0
+    assert any("reusing" in line for line in lines)
