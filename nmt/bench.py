@@ -15,15 +15,18 @@ from pathlib import Path
 
 import torch
 
+from nmt import autotune
 from nmt.batching import token_batches
 from nmt.config import Config
 from nmt.corpus import clean_pairs, read_parallel
-from nmt.device import Precision
+from nmt.device import Precision, bf16_available
 from nmt.errors import NMTError
 
 
-def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=(1024, 2048), seconds: float = 1.0) -> float:
-    """Best GFLOP/s of square matmuls (2 n^3 FLOPs each) in the given precision."""
+def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=None, seconds: float = 1.0) -> float:
+    """Best GFLOP/s of square matmuls (2 n^3 FLOPs each, random data) in the given precision.
+    Default sizes: 1024 and 2048 on a CPU, 4096 and 8192 on a GPU (smaller ones leave it idle)."""
+    sizes = sizes or ((4096, 8192) if device.type == "cuda" else (1024, 2048))
     best = 0.0
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=precision.dtype)
@@ -141,19 +144,23 @@ def run_bench(
     trainer = Trainer(replace(cfg, run_dir=str(scratch)), scratch, log)
     trainer._setup()
     device, precision = trainer.device, trainer.precision
+    info = autotune.machine(device)
     report: dict = {
         "config": cfg.name,
         "device": str(device),
+        "machine": info,
+        "machine_name": autotune.machine_name(info),
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "precision": precision.name,
+        "auto": trainer.choice.to_dict(),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
         "max_tokens": cfg.train.max_tokens,
     }
-    log(f"benchmark: {cfg.name} on {device} ({torch.get_num_threads()} threads), precision {precision.name}")
-    peaks = {"fp32": matmul_peak_gflops(device, Precision(device.type, "fp32"))}
-    if precision.name != "fp32":
-        peaks[precision.name] = matmul_peak_gflops(device, precision)
+    log(f"benchmark: {cfg.name} on {report['machine_name']} ({torch.get_num_threads()} threads)")
+    log(f"running with {trainer.choice.describe()}")
+    names = ["fp32"] + (["bf16"] if bf16_available(device) else []) + (["fp16"] if device.type == "cuda" else [])
+    peaks = {name: matmul_peak_gflops(device, Precision(device.type, name)) for name in names}
     report["matmul_peak_gflops"] = peaks
     log("matmul peak: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))
 
@@ -174,7 +181,7 @@ def run_bench(
     if decode_sentences:
         src, trg = src[:decode_sentences], trg[:decode_sentences]
     if model_dir is not None:
-        translator = load_translator(model_dir, cfg.train.device, cfg.train.precision)
+        translator = load_translator(model_dir, cfg.train.device, cfg.train.precision, log)
         report["decode_model"] = str(model_dir)
     else:
         log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")

@@ -96,7 +96,7 @@ def _translate_lines(args: argparse.Namespace, lines: list[str]):
     run_dir = Path(args.model)
     cfg = load_run_config(run_dir)
     decode = _decode_config(args, cfg.decode)
-    translator = load_translator(run_dir, args.device, args.precision)
+    translator = load_translator(run_dir, args.device, args.precision, _log)
     bar = None
     if sys.stderr.isatty() and lines:
         from tqdm import tqdm

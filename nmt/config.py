@@ -105,11 +105,13 @@ class TrainConfig:
     keep_last: int = 2
     keep_best: int = 1
     log_every: int = 50
+    # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
+    attention: Literal["auto", "sdpa", "explicit"] = "auto"  # fused SDPA kernel or softmax(QK^T)V in two matmuls
+    threads: int | Literal["auto"] | None = "auto"  # torch intra-op threads on CPU; null means auto
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_fallback: bool = False  # device 'cuda' without a GPU: run on CPU with a warning instead of failing
     compile: bool = False
-    threads: int | None = None  # torch intra-op threads; default: all cores
     max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping
 
 
@@ -178,7 +180,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "train.keep_last": _POSITIVE,
     "train.keep_best": _POSITIVE,
     "train.log_every": _POSITIVE,
-    "train.threads": _POSITIVE,
+    "train.threads": (lambda v: v == "auto" or v > 0, "must be > 0 or auto"),
     "train.max_nonfinite": _POSITIVE,
     "decode.beam_size": _POSITIVE,
     "decode.length_penalty": _NON_NEGATIVE,
@@ -209,7 +211,14 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
         if value is None and type(None) in args:
             return None
         inner = [a for a in args if a is not type(None)]
-        return _convert(value, inner[0], key)
+        if len(inner) == 1:
+            return _convert(value, inner[0], key)
+        for alternative in inner:  # the first alternative that accepts the value
+            try:
+                return _convert(value, alternative, key)
+            except NMTError:
+                pass
+        raise NMTError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
     if origin is Literal:
         choices = typing.get_args(tp)
         if value not in choices:

@@ -1,7 +1,8 @@
-"""Where and in which precision the model runs: device choice, autocast, gradient scaling.
+"""Where and in which precision the model runs: device choice, what can run there, autocast,
+gradient scaling. Which of the runnable precisions is *fastest* is measured, in ``nmt.autotune``.
 
-Every branch here is a plain function of its inputs (device type, capability flags),
-so the CUDA-only choices are exercised by tests on a CPU machine.
+Every rule here is a plain function of its inputs (device type, capability flags), so the
+CUDA-only branches are exercised by tests on a CPU machine.
 """
 
 from __future__ import annotations
@@ -18,14 +19,32 @@ _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def cpu_has_bf16() -> bool:
-    """True when oneDNN has native bf16 kernels here (AVX512-BF16 or AMX)."""
+    """True when oneDNN has bf16 kernels here: native (AVX512-BF16, AMX) or emulated on AVX-512.
+
+    Emulated kernels run several times slower than fp32, so this says what can run, not what is
+    fast; ``nmt.autotune`` measures that. Without AVX-512 (AVX2 only) this is False and a bf16
+    matmul falls back to a reference loop about 100x slower than fp32.
+    """
     try:
         return bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
     except (AttributeError, RuntimeError):
         return False
 
 
-def select_device(name: str, cuda_available: bool | None = None, fallback_to_cpu: bool = False) -> torch.device:
+def cuda_has_bf16() -> bool:
+    """True on GPUs with bf16 matrix units (Ampere and later), not where bf16 is only emulated."""
+    try:
+        return torch.cuda.is_bf16_supported(including_emulation=False)
+    except TypeError:  # torch < 2.3 has no such argument and reports native support only
+        return torch.cuda.is_bf16_supported()
+
+
+def select_device(
+    name: str,
+    cuda_available: bool | None = None,
+    fallback_to_cpu: bool = False,
+    key: str = "config key 'train.device'",
+) -> torch.device:
     """``auto`` -> CUDA when present, else CPU. ``cuda`` without a GPU is an error (or CPU with a warning)."""
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
@@ -36,30 +55,33 @@ def select_device(name: str, cuda_available: bool | None = None, fallback_to_cpu
             warnings.warn("train.device is 'cuda' but no GPU is available: running on CPU", stacklevel=3)
             return torch.device("cpu")
         raise NMTError(
-            "config key 'train.device': 'cuda' was asked for but no CUDA GPU is available "
-            "(set train.cpu_fallback: true to run on CPU instead)"
+            f"{key}: 'cuda' was asked for but no CUDA GPU is available"
+            + (" (set train.cpu_fallback: true to run on CPU instead)" if key.endswith("'train.device'") else "")
         )
     return torch.device(name)
 
 
-def select_precision(name: str, device_type: str, bf16_supported: bool) -> str:
-    """``auto``: bf16 where the hardware has bf16 matrix units, fp16 on older GPUs, else fp32.
+def precision_candidates(device_type: str, bf16_available: bool) -> list[str]:
+    """The precisions ``auto`` times on a device: fp32 first (the default), then the lower ones that can run."""
+    lower = ["bf16"] if bf16_available else []
+    if device_type == "cuda":
+        lower.append("fp16")
+    return ["fp32"] + lower
 
-    ``bf16_supported`` is ``torch.cuda.is_bf16_supported()`` on CUDA and ``cpu_has_bf16()`` on CPU.
-    """
-    if name == "auto":
-        if bf16_supported:
-            return "bf16"
-        return "fp16" if device_type == "cuda" else "fp32"
+
+def check_precision(
+    name: str, device_type: str, bf16_available: bool, key: str = "config key 'train.precision'"
+) -> None:
+    """Refuse, naming the key, a precision asked for by name that cannot run on this device."""
     if name == "fp16" and device_type == "cpu":
-        raise NMTError("config key 'train.precision': fp16 is for GPUs; use bf16 or fp32 on CPU")
-    return name
+        raise NMTError(f"{key}: fp16 is for GPUs; use bf16, fp32 or auto on a CPU")
+    if name == "bf16" and not bf16_available:
+        where = "this GPU (no bf16 units)" if device_type == "cuda" else "this CPU (no AVX-512, so no bf16 kernels)"
+        raise NMTError(f"{key}: bf16 is not available on {where}; use fp32 or auto")
 
 
-def bf16_supported_on(device: torch.device) -> bool:
-    if device.type == "cuda":
-        return torch.cuda.is_bf16_supported()
-    return cpu_has_bf16()
+def bf16_available(device: torch.device) -> bool:
+    return cuda_has_bf16() if device.type == "cuda" else cpu_has_bf16()
 
 
 @dataclass(frozen=True)
@@ -81,9 +103,3 @@ class Precision:
     def grad_scaler(self) -> torch.amp.GradScaler:
         """Loss scaling only for fp16: bf16 has fp32's exponent range and needs none."""
         return torch.amp.GradScaler(self.device_type, enabled=self.name == "fp16")
-
-
-def resolve(device_name: str, precision_name: str, cpu_fallback: bool = False) -> tuple[torch.device, Precision]:
-    device = select_device(device_name, fallback_to_cpu=cpu_fallback)
-    name = select_precision(precision_name, device.type, bf16_supported_on(device))
-    return device, Precision(device.type, name)

@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from nmt import checkpoint, distributed
+from nmt import autotune, checkpoint, distributed
 from nmt.batching import make_batch, padding_fraction, token_batches
 from nmt.config import Config, config_to_dict, load_config, save_config
-from nmt.device import resolve
+from nmt.device import Precision, bf16_available, check_precision, select_device
 from nmt.errors import NMTError
 from nmt.loss import label_smoothed_nll
 from nmt.models import build_model
@@ -176,7 +176,8 @@ class Trainer:
     # -- set-up -------------------------------------------------------------------------
     def _setup(self) -> None:
         cfg, run_dir, world = self.cfg, self.run_dir, self.world
-        self.device, self.precision = resolve(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+        self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback)
+        check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
         if world.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
@@ -184,11 +185,6 @@ class Trainer:
         if world.is_main:
             open_run_dir(cfg, run_dir)
             self._log_file = open(run_dir / "train.log", "a", encoding="utf-8")
-        threads = cfg.train.threads
-        if threads is None and world.enabled and self.device.type == "cpu":
-            threads = max(1, (os.cpu_count() or 1) // world.local_world_size)  # ranks on one machine share its cores
-        if threads:
-            torch.set_num_threads(threads)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.
@@ -198,7 +194,11 @@ class Trainer:
         if not world.is_main:
             self.data = prepare(cfg, run_dir, self.log)
         tok = self.data.trg_tok
+        self.choice = self._choose_kernels(tok.vocab_size)
+        self.precision = Precision(self.device.type, self.choice.precision)
+        torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
+        self.model.set_attention_kernel(self.choice.attention)
         t = cfg.train
         fused = self.device.type == "cuda"
         self.optimizer = torch.optim.AdamW(
@@ -230,6 +230,31 @@ class Trainer:
             f"model: {cfg.model.type}, {n_params / 1e6:.2f}M parameters; device {self.device}{ranks}, "
             f"precision {self.precision.name}; {len(self.data.train)} training pairs"
         )
+
+    def _choose_kernels(self, vocab_size: int) -> autotune.Choice:
+        """Precision, attention kernel and threads: the config's, or measured where it says auto.
+        Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores."""
+        cfg, world = self.cfg, self.world
+        world_threads = None
+        if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
+            world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
+        choice = None
+        if world.is_main:
+            request = autotune.Request.from_train(cfg.train)
+            choice = autotune.choose(
+                request,
+                cfg.model,
+                vocab_size,
+                cfg.train.max_tokens,
+                cfg.data.max_len,
+                self.device,
+                self.log,
+                world_threads,
+            )
+        choice = distributed.broadcast(choice, world)
+        autotune.apply_threads(choice)
+        self.log(("auto: " if choice.timings else "kernels: ") + choice.describe())
+        return choice
 
     def _resume(self) -> None:
         state = self.checkpoints.load_latest_state(self.log)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import torch
 
-from nmt import checkpoint
+from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import Config, DecodeConfig, load_config
-from nmt.device import Precision, resolve
+from nmt.device import Precision, bf16_available, check_precision, select_device
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
@@ -111,8 +111,18 @@ def load_run_config(run_dir: Path) -> Config:
     return load_config(path)
 
 
-def load_translator(run_dir: Path, device_name: str = "auto", precision_name: str | None = None) -> Translator:
-    """Load a run's best checkpoint (or, failing that, its latest) for translation."""
+def load_translator(
+    run_dir: Path,
+    device_name: str = "auto",
+    precision_name: str | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Translator:
+    """Load a run's best checkpoint (or, failing that, its latest) for translation.
+
+    Precision, attention kernel and threads are the run's ``train`` settings (``precision_name``
+    overrides the first); where they say auto, the choice is the one ``nmt train`` measured and
+    cached on this machine for this model, or is measured now the same way.
+    """
     cfg = load_run_config(run_dir)
     manager = checkpoint.CheckpointManager(run_dir / "checkpoints", cfg.train.keep_last, cfg.train.keep_best)
     path = manager.best_path()
@@ -123,8 +133,22 @@ def load_translator(run_dir: Path, device_name: str = "auto", precision_name: st
         path = latest[0].path
     payload = checkpoint.load(path)
     src_tok, trg_tok = load_tokenizers(run_dir, cfg.tokenizer.joint, cfg.data.src_lang, cfg.data.trg_lang)
-    device, precision = resolve(device_name, precision_name or cfg.train.precision)
+    device = select_device(device_name, key="--device")
+    if precision_name is not None:
+        check_precision(precision_name, device.type, bf16_available(device), key="--precision")
+    request = autotune.Request.from_train(cfg.train, precision_name)
+    choice = autotune.choose(
+        request, cfg.model, trg_tok.vocab_size, cfg.train.max_tokens, cfg.data.max_len, device, log or _quiet
+    )
+    autotune.apply_threads(choice)
+    if log is not None and choice.timings:
+        log("auto: " + choice.describe())
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     model.load_state_dict(payload["model"])
+    model.set_attention_kernel(choice.attention)
     model.to(device).eval()
-    return Translator(model, src_tok, trg_tok, device, precision)
+    return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision))
+
+
+def _quiet(message: str) -> None:
+    pass

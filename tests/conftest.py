@@ -1,8 +1,23 @@
 """Shared test data: a handful of parallel sentences and a tiny config that trains in seconds."""
 
+import os
 from pathlib import Path
 
+import pytest
 import yaml
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _private_autotune_cache(tmp_path_factory):
+    """Measured ``auto`` choices go to a cache of the test session, never the user's; subprocesses inherit it."""
+    previous = os.environ.get("NMT_CACHE_DIR")
+    os.environ["NMT_CACHE_DIR"] = str(tmp_path_factory.mktemp("nmt-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("NMT_CACHE_DIR", None)
+    else:
+        os.environ["NMT_CACHE_DIR"] = previous
+
 
 PAIRS = [
     ("der hund sieht die katze", "the dog sees the cat"),

@@ -1,9 +1,9 @@
-"""Device and precision choices, including the CUDA branches, decided on any machine."""
+"""Device and precision rules, including the CUDA branches, decided on any machine."""
 
 import pytest
 import torch
 
-from nmt.device import Precision, select_device, select_precision
+from nmt.device import Precision, check_precision, precision_candidates, select_device
 from nmt.errors import NMTError
 
 
@@ -15,28 +15,43 @@ def test_auto_device():
 def test_cuda_without_gpu_is_an_error_or_a_fallback():
     with pytest.raises(NMTError, match="train.device"):
         select_device("cuda", cuda_available=False)
+    with pytest.raises(NMTError, match="--device"):
+        select_device("cuda", cuda_available=False, key="--device")
     with pytest.warns(UserWarning, match="running on CPU"):
         assert select_device("cuda", cuda_available=False, fallback_to_cpu=True).type == "cpu"
 
 
 @pytest.mark.parametrize(
-    "name,device,bf16,expected",
+    "device,bf16,expected",
     [
-        ("auto", "cpu", True, "bf16"),
-        ("auto", "cpu", False, "fp32"),
-        ("auto", "cuda", True, "bf16"),
-        ("auto", "cuda", False, "fp16"),
-        ("fp32", "cuda", True, "fp32"),
-        ("bf16", "cpu", False, "bf16"),
+        ("cpu", True, ["fp32", "bf16"]),
+        ("cpu", False, ["fp32"]),  # AVX2 only: no bf16 kernels at all
+        ("cuda", True, ["fp32", "bf16", "fp16"]),
+        ("cuda", False, ["fp32", "fp16"]),  # pre-Ampere
     ],
 )
-def test_precision_choice(name, device, bf16, expected):
-    assert select_precision(name, device, bf16) == expected
+def test_candidates_start_with_fp32_and_hold_only_what_can_run(device, bf16, expected):
+    assert precision_candidates(device, bf16) == expected
 
 
-def test_fp16_on_cpu_refused():
-    with pytest.raises(NMTError, match="train.precision"):
-        select_precision("fp16", "cpu", True)
+@pytest.mark.parametrize(
+    "name,device,bf16,message",
+    [
+        ("fp16", "cpu", True, "fp16 is for GPUs"),
+        ("bf16", "cpu", False, "bf16 is not available on this CPU"),
+        ("bf16", "cuda", False, "bf16 is not available on this GPU"),
+    ],
+)
+def test_a_precision_that_cannot_run_is_refused_naming_the_key(name, device, bf16, message):
+    with pytest.raises(NMTError, match=f"train.precision': {message}"):
+        check_precision(name, device, bf16)
+
+
+@pytest.mark.parametrize(
+    "name,device,bf16", [("auto", "cpu", False), ("fp32", "cpu", False), ("bf16", "cpu", True), ("fp16", "cuda", False)]
+)
+def test_a_precision_that_can_run_is_accepted(name, device, bf16):
+    check_precision(name, device, bf16)
 
 
 def test_autocast_and_scaler():

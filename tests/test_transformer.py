@@ -11,10 +11,15 @@ from nmt.models.transformer import Transformer, subsequent_mask
 PAD, BOS, EOS, V = 0, 1, 2, 23
 
 
-def make(norm="post", seed=0, **kw) -> Transformer:
+KERNELS = ["sdpa", "explicit"]
+
+
+def make(norm="post", seed=0, kernel="sdpa", **kw) -> Transformer:
     torch.manual_seed(seed)
     cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, norm=norm, **kw)
-    return Transformer(cfg, V, V, PAD).eval()
+    model = Transformer(cfg, V, V, PAD).eval()
+    model.set_attention_kernel(kernel)
+    return model
 
 
 def batch(B=3, S=7, T=6, seed=1):
@@ -26,9 +31,10 @@ def batch(B=3, S=7, T=6, seed=1):
     return src, torch.ones(B, S, dtype=torch.bool), trg_in
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_decoder_is_causal(norm):
-    model = make(norm)
+def test_decoder_is_causal(norm, kernel):
+    model = make(norm, kernel=kernel)
     src, mask, trg = batch()
     base = model(src, mask, trg)
     for j in range(1, trg.shape[1]):
@@ -39,14 +45,39 @@ def test_decoder_is_causal(norm):
         assert not torch.allclose(out[:, j], base[:, j], atol=1e-3)  # the changed position does see it
 
 
+def test_both_attention_kernels_compute_the_same_function():
+    """SDPA and the explicit formula: same logits and gradients, with source padding and the causal mask."""
+    src, mask, trg = batch(B=3, S=7, T=6)
+    mask[1, 4:] = False
+    src[1, 4:] = PAD
+    outputs = {}
+    for kernel in KERNELS:
+        model = make("pre", kernel=kernel, dropout=0.0).train()  # training mode: the masked training paths
+        logits = model(src, mask, trg)
+        logits.float().pow(2).mean().backward()
+        grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+        outputs[kernel] = (logits.detach(), grads)
+    (a, ga), (b, gb) = outputs["sdpa"], outputs["explicit"]
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    assert ga.keys() == gb.keys() and len(ga) > 10
+    for name in ga:
+        torch.testing.assert_close(ga[name], gb[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_unknown_attention_kernel_is_refused():
+    with pytest.raises(ValueError, match="attention kernel"):
+        make().set_attention_kernel("flash")
+
+
 def test_subsequent_mask():
     m = subsequent_mask(4)
     assert m.dtype == torch.bool and m[2, 2] and m[2, 0] and not m[1, 2] and not m[0, 3]
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_source_padding_changes_nothing(norm):
-    model = make(norm)
+def test_source_padding_changes_nothing(norm, kernel):
+    model = make(norm, kernel=kernel)
     src, mask, trg = batch(S=5)
     padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
     padded_mask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], dim=1)
@@ -67,9 +98,10 @@ def test_mixed_lengths_in_one_batch_match_single_sentences():
     torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
 @pytest.mark.parametrize("norm", ["post", "pre"])
-def test_incremental_decoding_matches_forward(norm):
-    model = make(norm, dropout=0.3)  # dropout must be off in eval mode
+def test_incremental_decoding_matches_forward(norm, kernel):
+    model = make(norm, kernel=kernel, dropout=0.3)  # dropout must be off in eval mode
     src, mask, trg = batch(B=3, S=7, T=6)
     mask[1, 4:] = False
     src[1, 4:] = PAD
@@ -81,9 +113,10 @@ def test_incremental_decoding_matches_forward(norm):
             torch.testing.assert_close(logits, full[:, t], atol=1e-5, rtol=1e-5)
 
 
-def test_incremental_decoding_after_reorder():
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_incremental_decoding_after_reorder(kernel):
     """Rows duplicated, permuted and dropped mid-sentence continue as their source rows."""
-    model = make("post")
+    model = make("post", kernel=kernel)
     src, mask, trg = batch(B=3, S=7, T=6)
     with torch.no_grad():
         full = model(src, mask, trg)

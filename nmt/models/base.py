@@ -26,6 +26,9 @@ class Seq2Seq(nn.Module):
         memory = self.encode(src, src_mask)
         return self.decode(memory, trg_in)
 
+    def set_attention_kernel(self, kernel: str) -> None:
+        """Compute attention with ``kernel`` ("sdpa" or "explicit"); models without such a choice ignore it."""
+
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Any:
         """Run the encoder once; the result is what the decoder attends to (model-specific)."""
         raise NotImplementedError

@@ -6,8 +6,8 @@
     Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V         (per head, h heads)
     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
 
-Attention goes through ``F.scaled_dot_product_attention`` (fused kernels on CPU and GPU), except
-the few-query attention of a decoding step on CPU (see ``attention``).
+Attention goes through ``F.scaled_dot_product_attention`` or the explicit formula, whichever was
+measured faster for the device and precision (see ``attention`` and nmt/autotune.py).
 Masks are boolean and True where attention is allowed, as SDPA expects; the only masks are
 key-padding masks over the source (every source row has a real key: its EOS) and the causal
 mask of the decoder, so no softmax row is ever fully masked and padding never yields NaN.
@@ -88,15 +88,16 @@ def attention(
     mask: torch.Tensor | None = None,
     dropout: float = 0.0,
     causal: bool = False,
+    kernel: str = "sdpa",
 ) -> torch.Tensor:
     """softmax(Q K^T / sqrt(hd) + mask) V: q (B, H, Tq, hd), k and v (B, H, Tk, hd) -> (B, H, Tq, hd).
 
-    Fused SDPA on GPUs. On CPU the explicit form (two batched matmuls, softmax in fp32) is used:
-    for NMT's short sequences the fused CPU kernel's per-(row, head) overhead dominates, measured
-    2.7x slower for training (forward + backward, 128 x 4 heads x 30 x 30, bf16) and 3-5x slower
-    for a decoding step's single query.
+    ``kernel`` "sdpa" is PyTorch's fused ``scaled_dot_product_attention``; "explicit" is the
+    formula itself, two batched matmuls and a softmax in fp32. Which is faster depends on the
+    device and the precision (on one AMX CPU: SDPA 1.7x faster in fp32, 5.6x slower in bf16, for
+    training at NMT's short lengths), so ``auto`` measures it (nmt/autotune.py).
     """
-    if q.device.type != "cpu":
+    if kernel == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
     if causal:
@@ -128,13 +129,14 @@ class SelfAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
         self.heads, self.d_model, self.dropout = heads, d_model, dropout
+        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
         self.qkv = nn.Linear(d_model, 3 * d_model)
         self.out = nn.Linear(d_model, d_model)
 
     def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
         q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, hd)
         p = self.dropout if self.training else 0.0
-        y = attention(q, k, v, mask, p, causal)  # (B, H, T, hd)
+        y = attention(q, k, v, mask, p, causal, self.kernel)  # (B, H, T, hd)
         return self.out(merge_heads(y))  # (B, T, D)
 
     def step(self, x: torch.Tensor, cache: KV | None, index: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
@@ -147,7 +149,7 @@ class SelfAttention(nn.Module):
             k, v = k.contiguous(), v.contiguous()
         else:
             k, v = select_and_append(cache[0], index, k), select_and_append(cache[1], index, v)  # (N, H, t+1, hd)
-        y = attention(q, k, v)  # (N, H, 1, hd): the new position sees the whole prefix
+        y = attention(q, k, v, kernel=self.kernel)  # (N, H, 1, hd): the new position sees the whole prefix
         return self.out(merge_heads(y)), (k, v)
 
 
@@ -157,6 +159,7 @@ class CrossAttention(nn.Module):
     def __init__(self, d_model: int, heads: int, dropout: float):
         super().__init__()
         self.heads, self.dropout = heads, dropout
+        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
         self.q = nn.Linear(d_model, d_model)
         self.kv = nn.Linear(d_model, 2 * d_model)
         self.out = nn.Linear(d_model, d_model)
@@ -170,7 +173,7 @@ class CrossAttention(nn.Module):
         (q,) = split_heads(self.q(x), 1, self.heads)  # (B, H, T, hd)
         k, v = memory_kv  # (B, H, S, hd)
         p = self.dropout if self.training else 0.0
-        y = attention(q, k, v, mask, p)  # (B, H, T, hd)
+        y = attention(q, k, v, mask, p, kernel=self.kernel)  # (B, H, T, hd)
         return self.out(merge_heads(y))  # (B, T, D)
 
 
@@ -337,6 +340,14 @@ class Transformer(Seq2Seq):
                 nn.init.normal_(module.weight, 0.0, self.d_model**-0.5)
                 if module.padding_idx is not None:
                     nn.init.zeros_(module.weight[module.padding_idx])
+
+    def set_attention_kernel(self, kernel: str) -> None:
+        """Every attention sublayer computes with ``kernel`` ("sdpa" or "explicit") from now on."""
+        if kernel not in ("sdpa", "explicit"):
+            raise ValueError(f"unknown attention kernel {kernel!r}: expected 'sdpa' or 'explicit'")
+        for module in self.modules():
+            if isinstance(module, (SelfAttention, CrossAttention)):
+                module.kernel = kernel
 
     # -- embeddings and output
 

@@ -1,0 +1,398 @@
+"""Measured ``auto`` choices: precision, attention kernel and CPU threads.
+
+Which settings are fastest depends on the machine, so ``auto`` is a measurement, not a rule. bf16
+autocast runs several times faster than fp32 on a CPU with AMX, and several times slower where
+oneDNN only emulates bf16 (AVX-512 without AVX512-BF16), though torch calls bf16 "supported" on
+both. The fused SDPA attention kernel beats two plain matmuls in fp32 on a CPU and loses badly in
+bf16. So at start-up a copy of the model with one encoder and one decoder layer (the run's width,
+heads, feed-forward size and vocabulary) takes a few training steps on a batch of the run's kind,
+for each candidate in turn: precision, then attention kernel, then threads. The fastest wins, under
+one rule: a candidate replaces the default (fp32; SDPA; all cores; bf16 over fp16) only if it is at
+least ``MARGIN`` faster, so ``auto`` is never slower than fp32 and noise never flips a choice for
+nothing.
+
+The result is cached per machine in ``$NMT_CACHE_DIR`` (default ``~/.cache/nmt``), keyed by the
+CPU's model and flags or the GPU, the torch version, the ISA limits set in the environment and the
+shapes; ``nmt train``, ``nmt translate`` and ``nmt bench`` of one model then share one choice and
+the second run pays nothing. A damaged or foreign cache file is ignored and rewritten.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import torch
+
+from nmt.config import ModelConfig, TrainConfig
+from nmt.device import Precision, bf16_available, check_precision, precision_candidates
+from nmt.files import atomic_write_bytes
+
+VERSION = 1  # bump when the measurement changes, so old cache entries are not reused
+MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
+CACHE_FILE = "autotune.json"
+ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
+
+
+@dataclass(frozen=True)
+class Request:
+    """What the config asks for; 'auto' is measured."""
+
+    precision: str = "auto"
+    attention: str = "auto"
+    threads: int | str = "auto"
+
+    @classmethod
+    def from_train(cls, t: TrainConfig, precision: str | None = None) -> Request:
+        return cls(precision or t.precision, t.attention, "auto" if t.threads is None else t.threads)
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The settings a run uses, with the step times (ms) they were chosen on."""
+
+    precision: str
+    attention: str
+    threads: int | None  # CPU intra-op threads; None on a GPU
+    timings: dict[str, dict[str, float]] = field(default_factory=dict)  # dimension -> candidate -> ms
+    source: str = "config"  # config | measured | cached
+    measured_on: str = ""
+
+    def describe(self) -> str:
+        """One line for the log: the choice, and the figures it was made on."""
+        threads = f", {self.threads} threads" if self.threads is not None else ""
+        head = f"precision {self.precision}, attention {self.attention}{threads}"
+        if not self.timings:
+            return f"{head} (from the config)"
+        figures = "; ".join(
+            f"{dim}: " + ", ".join(f"{name} {ms:.1f}" for name, ms in options.items())
+            for dim, options in self.timings.items()
+        )
+        where = "cached from an earlier measurement" if self.source == "cached" else "measured now"
+        return f"{head} ({where} on {self.measured_on}; ms per tuning step: {figures})"
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ---------------------------------------------------------------------------- the machine
+
+
+def cpu_model_and_flags() -> tuple[str, list[str]]:
+    """The CPU's model name and feature flags (Linux /proc/cpuinfo; elsewhere the platform's name)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return platform.processor() or platform.machine(), []
+    model, flags = "", []
+    for line in text.splitlines():
+        name, _, value = line.partition(":")
+        name = name.strip()
+        if name in ("model name", "Model", "cpu model") and not model:
+            model = value.strip()
+        elif name in ("flags", "Features") and not flags:
+            flags = value.split()
+    return model or platform.machine(), sorted(flags)
+
+
+# Flags that decide matmul speed, named in logs and reports.
+NOTABLE_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_bf16", "amx_tile", "avx512_fp16", "asimd")
+
+
+def usable_cpus() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def machine(device: torch.device) -> dict:
+    """What identifies the hardware and software a measurement holds for."""
+    if device.type == "cuda":
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        props = torch.cuda.get_device_properties(index)
+        return {
+            "gpu": props.name,
+            "capability": f"{props.major}.{props.minor}",
+            "cuda": torch.version.cuda,
+            "torch": torch.__version__,
+        }
+    model, flags = cpu_model_and_flags()
+    return {
+        "cpu": model,
+        "flags_sha1": hashlib.sha1(" ".join(flags).encode()).hexdigest()[:16],
+        "notable_flags": [f for f in NOTABLE_FLAGS if f in flags],
+        "cpus": usable_cpus(),
+        "torch": torch.__version__,
+        "aten_capability": torch.backends.cpu.get_cpu_capability(),
+        "isa_env": {k: os.environ[k] for k in ISA_ENV if os.environ.get(k)},
+    }
+
+
+def machine_name(info: dict) -> str:
+    if "gpu" in info:
+        return f"{info['gpu']} (compute {info['capability']}, CUDA {info['cuda']})"
+    flags = " ".join(info["notable_flags"]) or "no AVX2"
+    limits = "".join(f", {k}={v}" for k, v in info["isa_env"].items())
+    return f"{info['cpu']} [{flags}], {info['cpus']} CPUs{limits}"
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+def cache_dir() -> Path:
+    if os.environ.get("NMT_CACHE_DIR"):
+        return Path(os.environ["NMT_CACHE_DIR"])
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "nmt"
+
+
+def read_cache(path: Path) -> dict:
+    """The cache's entries; anything unreadable, damaged or foreign counts as empty."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    if not isinstance(data, dict) or data.get("format") != f"nmt-autotune-{VERSION}":
+        return {}
+    entries = data.get("entries")
+    return entries if isinstance(entries, dict) else {}
+
+
+def write_cache(path: Path, entries: dict) -> bool:
+    """Write the whole cache atomically; False (and no exception) where it cannot be written."""
+    payload = {"format": f"nmt-autotune-{VERSION}", "entries": entries}
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_bytes(path, (json.dumps(payload, indent=1) + "\n").encode())
+    except OSError:
+        return False
+    return True
+
+
+def _choice_from_entry(entry: object) -> Choice | None:
+    """A cached entry back as a Choice, or None if it does not have the right shape."""
+    if not isinstance(entry, dict):
+        return None
+    try:
+        choice = Choice(
+            precision=str(entry["precision"]),
+            attention=str(entry["attention"]),
+            threads=None if entry["threads"] is None else int(entry["threads"]),
+            timings={str(d): {str(k): float(v) for k, v in o.items()} for d, o in entry["timings"].items()},
+            source="cached",
+            measured_on=str(entry["measured_on"]),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+    valid = (
+        choice.precision in ("fp32", "bf16", "fp16")
+        and choice.attention in ("sdpa", "explicit")
+        and (choice.threads is None or choice.threads > 0)
+    )
+    return choice if valid else None
+
+
+# ---------------------------------------------------------------------------- what is measured
+
+
+@dataclass(frozen=True)
+class Shape:
+    """The tuning model and batch: the run's layer shapes and vocabulary, one layer each side."""
+
+    model: ModelConfig
+    vocab: int
+    sentences: int
+    length: int
+
+
+def tuning_shape(model: ModelConfig, vocab: int, max_tokens: int, max_len: int, device_type: str) -> Shape:
+    """A batch of the run's kind but small enough to time in well under a second per step on a
+    CPU: ``sentences`` x ``length`` tokens each side, length 24 (a typical sentence in subwords)."""
+    tokens = min(max_tokens, 512 if device_type == "cpu" else 16384)
+    length = max(2, min(max_len, 24))
+    small = replace(model, encoder_layers=1, decoder_layers=1, dropout=0.1 if model.dropout else 0.0)
+    return Shape(small, vocab, max(1, tokens // length), length)
+
+
+def cache_key(info: dict, shape: Shape, request: Request) -> str:
+    parts = {"version": VERSION, "machine": info, "shape": asdict(shape), "request": asdict(request)}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:32]
+
+
+def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, ...]:
+    """Random token ids (never 0, the pad id here); the last quarter of every other source is padding."""
+    g = torch.Generator().manual_seed(0)
+    B, T, V = shape.sentences, shape.length, shape.vocab
+    src = torch.randint(1, V, (B, T), generator=g)
+    src_mask = torch.ones(B, T, dtype=torch.bool)
+    src_mask[::2, T - T // 4 :] = False
+    src = src.masked_fill(~src_mask, 0)
+    trg = torch.randint(1, V, (B, T + 1), generator=g)
+    return tuple(t.to(device) for t in (src, src_mask, trg[:, :-1], trg[:, 1:]))
+
+
+def _timer(device: torch.device) -> Callable[[Callable[[], None], float | None], float]:
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    def best_ms(step: Callable[[], None], beat: float | None) -> float:
+        """Fastest of three timed calls after one warm-up; a warm-up 4x slower than ``beat`` ends it early."""
+        sync()
+        start = time.perf_counter()
+        step()
+        sync()
+        warm = time.perf_counter() - start
+        if beat is not None and warm > 4 * beat / 1e3:
+            return warm * 1e3
+        times = []
+        for _ in range(3):
+            start = time.perf_counter()
+            step()
+            sync()
+            times.append(time.perf_counter() - start)
+        return min(times) * 1e3
+
+    return best_ms
+
+
+def pick(times: dict[str, float], default: str) -> str:
+    """The fastest candidate if it beats ``default`` by MARGIN, else ``default``."""
+    best = min(times, key=times.get)
+    return best if times[best] < (1.0 - MARGIN) * times[default] else default
+
+
+def decide(grid: dict[str, float], precisions: list[str], kernels: list[str]) -> tuple[str, str]:
+    """(precision, attention) from step times keyed "precision/kernel"; the first of each list is its default.
+
+    A precision is judged by its faster kernel: fp32 stays unless a lower precision, with its best
+    kernel, beats fp32 with *its* best kernel by MARGIN; fp16 must also beat bf16 by MARGIN, since
+    bf16 needs no loss scaling. The kernel is then the faster one in that precision.
+    """
+    fastest = {p: min(grid[f"{p}/{a}"] for a in kernels) for p in precisions}
+    precision = pick(fastest, precisions[0])
+    if precision == "fp16" and "bf16" in fastest:
+        precision = pick({k: fastest[k] for k in ("bf16", "fp16")}, "bf16")
+    return precision, pick({a: grid[f"{precision}/{a}"] for a in kernels}, kernels[0])
+
+
+def measure(request: Request, shape: Shape, device: torch.device, world_threads: int | None = None) -> Choice:
+    """Time the candidates of every dimension the request leaves to ``auto``; return the choice."""
+    from nmt.loss import label_smoothed_nll
+    from nmt.models import build_model
+
+    torch.manual_seed(0)
+    model = build_model(shape.model, shape.vocab, shape.vocab, 0).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
+    src, src_mask, trg_in, trg_out = _batch(shape, device)
+    best_ms = _timer(device)
+
+    def step_with(precision: str, attention: str) -> Callable[[], None]:
+        def step() -> None:
+            model.set_attention_kernel(attention)
+            optimizer.zero_grad(set_to_none=True)
+            with Precision(device.type, precision).autocast():
+                logits = model(src, src_mask, trg_in)
+            loss, _ = label_smoothed_nll(logits, trg_out, 0.1, 0)
+            loss.backward()
+            optimizer.step()
+
+        return step
+
+    timings: dict[str, dict[str, float]] = {}
+    threads_before = torch.get_num_threads()
+    try:
+        if world_threads is not None:
+            torch.set_num_threads(world_threads)
+        # Precision and attention kernel together: which kernel is faster depends on the precision.
+        precisions = [request.precision]
+        if request.precision == "auto":
+            precisions = precision_candidates(device.type, bf16_available(device))
+        kernels = [request.attention]
+        if request.attention == "auto":
+            kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
+        grid: dict[str, float] = {}
+        for p in precisions:
+            for a in kernels:
+                grid[f"{p}/{a}"] = best_ms(step_with(p, a), min(grid.values()) if grid else None)
+        timings["precision/attention"] = grid
+        precision, attention = decide(grid, precisions, kernels)
+        threads: int | None = None
+        if device.type == "cpu":
+            if world_threads is not None:
+                threads = world_threads
+            elif request.threads == "auto":
+                cpus = usable_cpus()
+                options = {str(cpus): 0.0}
+                if cpus >= 2:
+                    options[str(cpus // 2)] = 0.0
+                run = step_with(precision, attention)
+                for n in options:
+                    torch.set_num_threads(int(n))
+                    options[n] = best_ms(run, None)
+                timings["threads"] = options
+                threads = int(pick(options, str(cpus)))
+            else:
+                threads = int(request.threads)
+    finally:
+        torch.set_num_threads(threads_before)
+    return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)))
+
+
+# ---------------------------------------------------------------------------- the entry point
+
+
+def choose(
+    request: Request,
+    model: ModelConfig,
+    vocab: int,
+    max_tokens: int,
+    max_len: int,
+    device: torch.device,
+    log: Callable[[str], None],
+    world_threads: int | None = None,
+    cache: Path | None = None,
+) -> Choice:
+    """The settings to run with: the config's where it names them, measured (or cached) where 'auto'.
+
+    ``world_threads`` fixes the thread count (ranks of a torchrun job share a machine's cores).
+    """
+    check_precision(request.precision, device.type, bf16_available(device))
+    needs = [request.precision == "auto", request.attention == "auto"]
+    if device.type == "cpu" and world_threads is None:
+        needs.append(request.threads == "auto")
+    if not any(needs):
+        threads = None if device.type != "cpu" else world_threads or int(request.threads)
+        attention = "sdpa" if request.attention == "auto" else request.attention
+        return Choice(request.precision, attention, threads)
+    info = machine(device)
+    shape = tuning_shape(model, vocab, max_tokens, max_len, device.type)
+    if world_threads is not None:
+        request = replace(request, threads=world_threads)
+    key = cache_key(info, shape, request)
+    path = (cache or cache_dir()) / CACHE_FILE
+    entries = read_cache(path)
+    cached = _choice_from_entry(entries.get(key))
+    if cached is not None:
+        return cached
+    start = time.perf_counter()
+    log(f"auto: measuring precision/attention/threads on {machine_name(info)} ...")
+    choice = measure(request, shape, device, world_threads)
+    entry = {**choice.to_dict(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entry["seconds"] = round(time.perf_counter() - start, 2)
+    entries[key] = entry
+    if not write_cache(path, entries):
+        log(f"auto: could not write the cache {path}; the next run measures again")
+    return choice
+
+
+def apply_threads(choice: Choice) -> None:
+    if choice.threads is not None:
+        torch.set_num_threads(choice.threads)

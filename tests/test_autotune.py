@@ -1,0 +1,284 @@
+"""Measured ``auto``: the decision rules on exact tables, the per-machine cache, and the real
+measurement on this machine and under the ISA limits that make it behave like a poorer one."""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from nmt import autotune
+from nmt.autotune import MARGIN, Request, decide, pick
+from nmt.cli import main
+from nmt.config import ModelConfig
+
+CPU = torch.device("cpu")
+SMALL = ModelConfig(d_model=32, ff_size=64, heads=4)
+
+
+# ---------------------------------------------------------------------------- the rules
+
+
+def test_pick_keeps_the_default_unless_another_is_clearly_faster():
+    assert pick({"fp32": 100.0, "bf16": 40.0}, "fp32") == "bf16"
+    assert pick({"fp32": 100.0, "bf16": 300.0}, "fp32") == "fp32"  # emulated bf16
+    assert pick({"fp32": 100.0, "bf16": 100.0 * (1 - MARGIN / 2)}, "fp32") == "fp32"  # within noise
+
+
+@pytest.mark.parametrize(
+    "grid,expected",
+    [
+        ({"fp32/sdpa": 70, "fp32/explicit": 72, "bf16/sdpa": 51, "bf16/explicit": 42}, ("bf16", "explicit")),  # AMX
+        ({"fp32/sdpa": 70, "fp32/explicit": 71, "bf16/sdpa": 216, "bf16/explicit": 208}, ("fp32", "sdpa")),  # emulated
+        ({"fp32/sdpa": 60, "fp32/explicit": 80, "bf16/sdpa": 75, "bf16/explicit": 50}, ("bf16", "explicit")),
+        ({"fp32/sdpa": 80, "fp32/explicit": 60, "bf16/sdpa": 90, "bf16/explicit": 59}, ("fp32", "explicit")),
+    ],
+)
+def test_precision_is_judged_by_its_best_kernel(grid, expected):
+    assert decide(grid, ["fp32", "bf16"], ["sdpa", "explicit"]) == expected
+
+
+def test_fp16_must_beat_bf16_too():
+    grid = {"fp32/sdpa": 100.0, "bf16/sdpa": 30.0, "fp16/sdpa": 29.5}
+    assert decide(grid, ["fp32", "bf16", "fp16"], ["sdpa"]) == ("bf16", "sdpa")
+    grid["fp16/sdpa"] = 20.0
+    assert decide(grid, ["fp32", "bf16", "fp16"], ["sdpa"]) == ("fp16", "sdpa")
+    assert decide({"fp32/sdpa": 100.0, "fp16/sdpa": 50.0}, ["fp32", "fp16"], ["sdpa"]) == ("fp16", "sdpa")
+
+
+def test_auto_is_never_slower_than_fp32():
+    rng = random.Random(0)
+    for _ in range(500):
+        grid = {f"{p}/{a}": rng.uniform(10, 100) for p in ("fp32", "bf16", "fp16") for a in ("sdpa", "explicit")}
+        precision, kernel = decide(grid, ["fp32", "bf16", "fp16"], ["sdpa", "explicit"])
+        assert grid[f"{precision}/{kernel}"] <= min(grid["fp32/sdpa"], grid["fp32/explicit"])
+
+
+# ---------------------------------------------------------------------------- the cache
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """``measure`` replaced by a counter that returns a fixed choice."""
+    calls = []
+
+    def fake(request, shape, device, world_threads=None):
+        calls.append(request)
+        return autotune.Choice("fp32", "explicit", 2, {"precision/attention": {"fp32/explicit": 1.0}}, "measured", "x")
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    return calls
+
+
+def _choose(cache: Path, request: Request | None = None, log=None) -> autotune.Choice:
+    return autotune.choose(request or Request(), SMALL, 50, 4096, 100, CPU, log or (lambda m: None), cache=cache)
+
+
+def test_second_run_pays_nothing(tmp_path, counted):
+    first = _choose(tmp_path)
+    second = _choose(tmp_path)
+    assert len(counted) == 1
+    assert first.source == "measured" and second.source == "cached"
+    assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", 2)
+    assert "cached" in second.describe() and "fp32/explicit 1.0" in second.describe()
+
+
+def test_cache_key_follows_the_machine_and_the_request(tmp_path, counted, monkeypatch):
+    _choose(tmp_path)
+    _choose(tmp_path, Request(precision="fp32"))  # another request: measured on its own
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # another (emulated) machine
+    _choose(tmp_path)
+    assert len(counted) == 3
+    entries = json.loads((tmp_path / autotune.CACHE_FILE).read_text())["entries"]
+    assert len(entries) == 3
+
+
+def test_nothing_auto_measures_nothing(tmp_path, counted):
+    choice = _choose(tmp_path, Request("fp32", "explicit", 1))
+    assert (choice.precision, choice.attention, choice.threads, choice.source) == ("fp32", "explicit", 1, "config")
+    assert not counted and not (tmp_path / autotune.CACHE_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        b"\x00\xff garbage",
+        b"[1, 2, 3]",
+        b'{"format": "something-else", "entries": {}}',
+        b'{"format": "nmt-autotune-%d", "entries": []}' % autotune.VERSION,
+    ],
+)
+def test_damaged_or_foreign_cache_is_ignored_and_rewritten(tmp_path, counted, content):
+    (tmp_path / autotune.CACHE_FILE).write_bytes(content)
+    assert _choose(tmp_path).source == "measured"
+    assert _choose(tmp_path).source == "cached"  # rewritten, readable
+    assert len(counted) == 1
+
+
+def test_a_malformed_entry_is_measured_again(tmp_path, counted):
+    _choose(tmp_path)
+    path = tmp_path / autotune.CACHE_FILE
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry["precision"] = "fp8"  # not a precision this code knows
+    path.write_text(json.dumps(data))
+    assert _choose(tmp_path).source == "measured"
+    assert len(counted) == 2
+
+
+def test_an_unwritable_cache_never_stops_a_run(tmp_path, counted):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    messages = []
+    choice = _choose(blocker / "cache", log=messages.append)
+    assert choice.precision == "fp32"
+    assert any("could not write the cache" in m for m in messages)
+
+
+# ---------------------------------------------------------------------------- real measurements
+
+X86 = platform.machine().lower() in ("x86_64", "amd64")
+
+
+def _cpu_flags() -> set[str]:
+    return set(autotune.cpu_model_and_flags()[1])
+
+
+HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
+
+# Runs in a fresh process, because oneDNN and ATen read the ISA limits once, at start-up.
+PROBE = """
+import json, time, torch
+from nmt import autotune
+from nmt.config import ModelConfig
+from nmt.device import cpu_has_bf16
+
+def gflops(dtype, n=512, seconds=0.3):
+    a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
+    a @ b
+    calls, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ b
+        calls += 1
+    return 2 * n**3 * calls / (time.perf_counter() - start) / 1e9
+
+model = ModelConfig(d_model=256, ff_size=1024, heads=4, norm="pre")  # the Multi30k benchmark's shapes
+shape = autotune.tuning_shape(model, 8000, 4096, 128, "cpu")
+choice = autotune.measure(autotune.Request(threads=2), shape, torch.device("cpu"))
+bf16 = cpu_has_bf16()
+print(json.dumps({"choice": choice.to_dict(), "bf16_kernels": bf16,
+                  "fp32_gflops": gflops(torch.float32), "bf16_gflops": gflops(torch.bfloat16) if bf16 else None}))
+"""
+
+
+def _probe(env: dict[str, str]) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", PROBE], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _check_consistent(result: dict) -> dict:
+    choice = result["choice"]
+    grid = choice["timings"]["precision/attention"]
+    precisions = list(dict.fromkeys(k.split("/")[0] for k in grid))
+    kernels = list(dict.fromkeys(k.split("/")[1] for k in grid))
+    assert (choice["precision"], choice["attention"]) == decide(grid, precisions, kernels)
+    return choice
+
+
+@pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA names x86 instruction sets")
+def test_avx2_only_machine_trains_in_fp32():
+    """Without AVX-512 oneDNN has no bf16 kernels (a bf16 matmul crawls): bf16 is not even a candidate."""
+    result = _probe({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+    choice = _check_consistent(result)
+    assert not result["bf16_kernels"]
+    assert choice["precision"] == "fp32"
+    assert all(k.startswith("fp32/") for k in choice["timings"]["precision/attention"])
+
+
+@pytest.mark.skipif(not HAS_AVX512, reason="emulating bf16 on AVX-512 needs an AVX-512 CPU")
+def test_emulated_bf16_is_measured_slower_and_not_chosen():
+    """AVX-512 without AVX512-BF16/AMX: torch calls bf16 supported, but it is emulated and slower."""
+    result = _probe({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    choice = _check_consistent(result)
+    assert result["bf16_kernels"]  # what the old rule looked at, and why it chose bf16 here
+    assert result["bf16_gflops"] < result["fp32_gflops"]  # an independent check: bf16 really is slower here
+    grid = choice["timings"]["precision/attention"]
+    assert min(grid["bf16/sdpa"], grid["bf16/explicit"]) > min(grid["fp32/sdpa"], grid["fp32/explicit"])
+    assert choice["precision"] == "fp32"
+
+
+def test_this_machine_gets_the_faster_precision():
+    """Unlimited: where bf16 matmuls run far faster than fp32 (AMX), bf16 must be chosen; where they
+    run slower (emulated), fp32; either way the choice follows the measured step times."""
+    result = _probe({})
+    choice = _check_consistent(result)
+    if result["bf16_gflops"] is not None and result["bf16_gflops"] > 3 * result["fp32_gflops"]:
+        assert choice["precision"] == "bf16"
+    if result["bf16_gflops"] is None or result["bf16_gflops"] < result["fp32_gflops"]:
+        assert choice["precision"] == "fp32"
+
+
+# ---------------------------------------------------------------------------- through the commands
+
+
+def test_train_logs_the_choice_and_translate_reuses_it(tmp_path, capsys):
+    config = tiny_config(tmp_path, precision="auto", max_updates=20, validate_every=20)
+    assert main(["train", "--config", str(config)]) == 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "auto: precision" in log and "ms per tuning step" in log
+    trained = log.split("auto: precision ")[1].split(" (")[0]  # e.g. "bf16, attention explicit, 2 threads"
+    capsys.readouterr()
+    assert main(["translate", "--model", str(tmp_path / "run"), "-i", str(tmp_path / "data" / "train.de")]) == 0
+    err = capsys.readouterr().err
+    assert f"auto: precision {trained} (cached from an earlier measurement" in err
+
+
+def test_set_overrides_the_measurement(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    sets = ["train.precision=fp32", "train.attention=explicit", "train.threads=1"]
+    assert main(["train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]) == 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "kernels: precision fp32, attention explicit, 1 threads (from the config)" in log
+
+
+def _nmt(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nmt", *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
+    )
+
+
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
+
+
+@pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA names x86 instruction sets")
+def test_tiny_model_overfits_to_bleu_100_on_an_avx2_only_machine(tmp_path):
+    config = tiny_config(tmp_path, precision="auto")
+    done = _nmt(["train", "--config", str(config)], AVX2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "auto: precision fp32" in done.stderr
+    data = tmp_path / "data"
+    args = ["eval-bleu", "--model", str(tmp_path / "run"), "--src", str(data / "train.de")]
+    done = _nmt(args + ["--ref", str(data / "train.en"), "--json"], AVX2)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["bleu"] == pytest.approx(100.0)
+
+
+@pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA names x86 instruction sets")
+def test_bf16_asked_for_where_it_cannot_run_is_a_one_line_error(tmp_path):
+    config = tiny_config(tmp_path)
+    done = _nmt(["train", "--config", str(config), "--set", "train.precision=bf16"], AVX2)
+    assert done.returncode == 2
+    assert done.stderr.strip().count("\n") == 0
+    assert "train.precision': bf16 is not available on this CPU" in done.stderr
+    assert not (tmp_path / "run").exists()  # refused before any work
