@@ -7,7 +7,7 @@ TORCH_SPEC ?= torch==2.13.0
 MULTI30K_DIR ?= $(abspath ../shared/data/multi30k)
 export MULTI30K_DIR
 
-.PHONY: help install demo test lint multi30k-data multi30k multi30k-rnn bench bench-scale compare clean
+.PHONY: help install demo test lint multi30k-data multi30k multi30k-rnn bench bench-scale compare gpu-check clean
 
 help:
 	@echo "make demo           train + translate + score the offline synthetic demo (< 5 min on 2 CPU cores)"
@@ -18,6 +18,7 @@ help:
 	@echo "make compare        both Multi30k runs side by side: report/compare.md and report/compare.png"
 	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
 	@echo "make bench-scale    data at scale: prepare 100k and 5M generated pairs, training memory of both"
+	@echo "make gpu-check      everything that needs CUDA, one screen of results (GPU_PY=python3: that Python's torch)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +63,13 @@ bench: multi30k-data
 # Preparation throughput and memory, and training memory, for 100k and 5M generated pairs (~20 min).
 bench-scale: install
 	$(BIN)/python scripts/bench_scale.py --pairs 100000 5000000 --updates 100 --json runs/bench_scale.json
+
+# CUDA tests, bf16/fp16 training checks, batched beam search and Transformer-base speed on a GPU.
+# On a machine whose own Python already has a CUDA build of torch: make gpu-check GPU_PY=python3
+# (then nothing is installed, and data/multi30k must already be there).
+GPU_PY ?= $(BIN)/python
+gpu-check: $(if $(filter $(BIN)/python,$(GPU_PY)),multi30k-data)
+	$(GPU_PY) scripts/gpu_check.py --data data/multi30k
 
 clean:
 	rm -rf runs data/demo

@@ -51,15 +51,34 @@ def _peak_memory_mb(device: torch.device) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
 
 
-def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None]) -> dict:
-    """Time ``updates`` real optimizer updates after ``warmup`` untimed ones."""
+def scratch_trainer(cfg: Config, suffix: str, log: Callable[[str], None]):
+    """A set-up trainer on ``cfg`` in the run directory RUN_DIR-``suffix``, never resuming a checkpoint
+    (prepared data and tokenizers there are reused)."""
+    from nmt.training import Trainer
+
+    scratch = Path(f"{cfg.run_dir}-{suffix}")
+    if (scratch / "checkpoints").exists():
+        shutil.rmtree(scratch / "checkpoints")
+    trainer = Trainer(replace(cfg, run_dir=str(scratch)), scratch, log)
+    trainer._setup()
+    return trainer
+
+
+def update_groups(trainer, count: int) -> list:
+    """The first ``count`` updates' batch groups of epoch 1 (repeated if the epoch is shorter)."""
     data, cfg = trainer.data.train, trainer.cfg
     batches = token_batches(data.src_lens, data.trg_lens, cfg.train.max_tokens, cfg.seed, 1)
     acc = cfg.train.accumulate
     groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
+    if len(groups) < count:
+        groups = groups * (count // max(len(groups), 1) + 1)
+    return groups[:count]
+
+
+def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None]) -> dict:
+    """Time ``updates`` real optimizer updates after ``warmup`` untimed ones."""
     needed = warmup + updates
-    if len(groups) < needed:
-        groups = (groups * (needed // max(len(groups), 1) + 1))[:needed]
+    groups = update_groups(trainer, needed)
     for g in groups[:warmup]:
         trainer._update(g)
     trg_tokens = src_tokens = 0
@@ -135,14 +154,9 @@ def run_bench(
     decode_sentences: int | None,
     log: Callable[[str], None],
 ) -> dict:
-    from nmt.training import Trainer
     from nmt.translate import Translator, load_translator
 
-    scratch = Path(cfg.run_dir + "-bench")
-    if (scratch / "checkpoints").exists():
-        shutil.rmtree(scratch / "checkpoints")  # never resume a benchmark
-    trainer = Trainer(replace(cfg, run_dir=str(scratch)), scratch, log)
-    trainer._setup()
+    trainer = scratch_trainer(cfg, "bench", log)
     device, precision = trainer.device, trainer.precision
     info = autotune.machine(device)
     report: dict = {

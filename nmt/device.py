@@ -8,6 +8,8 @@ CUDA-only branches are exercised by tests on a CPU machine.
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import sys
 import warnings
 from dataclasses import dataclass
 
@@ -16,6 +18,26 @@ import torch
 from nmt.errors import NMTError
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc keep freed large blocks for reuse instead of unmapping them (Linux; elsewhere a no-op).
+
+    glibc serves allocations over 32 MB with fresh mmaps and returns them on free, so every update's
+    logits, their gradient and the large activations fault their pages in again: 70,000 minor page
+    faults per update on the Multi30k config, measured 6-11% of an fp32 update and 5-24% of a bf16
+    one on a 2-core Xeon. With an mmap threshold of 1 GB and no trimming, freed memory is reused
+    (under 700 faults per update). Resident memory then stays at its peak, which a trainer reaches
+    in its first updates anyway. Returns whether the setting took.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL("libc.so.6")
+        m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
+        return libc.mallopt(m_mmap_threshold, 1 << 30) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return False
 
 
 def cpu_has_bf16() -> bool:

@@ -17,10 +17,20 @@ from __future__ import annotations
 import torch
 
 
-def _row_chunks(n_rows: int, vocab: int):
-    """Row ranges whose fp32 copy (rows x vocab x 4 bytes) stays about 2 MB: the fp32 work then
-    runs in cache instead of streaming an (N, V) fp32 tensor through memory (2-3x faster on CPU)."""
-    step = max(1, (1 << 19) // vocab)
+def fp32_block_rows(vocab: int, device_type: str) -> int:
+    """Rows of logits to take at a time for fp32 work over the vocabulary (here and in search).
+
+    On a CPU a block's fp32 copy (rows x vocab x 4 bytes) stays about 2 MB, so it runs in cache
+    instead of streaming an (N, V) fp32 tensor through memory (2-3x faster). A GPU wants few, large
+    kernels instead: blocks of up to 256 MB, which only bound the temporary memory (a 32k vocabulary
+    would otherwise mean 16-row blocks: thousands of launches per step).
+    """
+    budget = 1 << 19 if device_type == "cpu" else 1 << 26
+    return max(1, budget // vocab)
+
+
+def _row_chunks(n_rows: int, vocab: int, device_type: str):
+    step = fp32_block_rows(vocab, device_type)
     return ((i, min(i + step, n_rows)) for i in range(0, n_rows, step))
 
 
@@ -37,7 +47,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         n_rows, vocab = logits.shape
         lse = logits.new_empty(n_rows, dtype=torch.float32)  # log sum_k exp(z_k)
         row_sum = logits.new_empty(n_rows, dtype=torch.float32)  # sum_k z_k
-        for i, j in _row_chunks(n_rows, vocab):
+        for i, j in _row_chunks(n_rows, vocab, logits.device.type):
             z = logits[i:j].float()  # (rows, V)
             torch.logsumexp(z, dim=-1, out=lse[i:j])
             torch.sum(z, dim=-1, out=row_sum[i:j])
@@ -56,11 +66,15 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         eps, vocab = ctx.smoothing, logits.shape[-1]
         weight = grad_loss * keep  # (N,)
         grad = torch.empty_like(logits)
-        for i, j in _row_chunks(logits.shape[0], vocab):
-            g = (logits[i:j].float() - lse[i:j, None]).exp_()  # p, (rows, V)
-            g.sub_(eps / vocab)
+        in_place = grad.dtype == torch.float32  # then p goes straight into the gradient: no temporary, no copy
+        for i, j in _row_chunks(logits.shape[0], vocab, logits.device.type):
+            z = logits[i:j]
+            g = torch.sub(z, lse[i:j, None], out=grad[i:j]) if in_place else z.float() - lse[i:j, None]
+            g.exp_().sub_(eps / vocab)  # p - eps/V, (rows, V) in fp32
             g.scatter_add_(-1, target[i:j, None], torch.full_like(g[:, :1], -(1.0 - eps)))
-            grad[i:j] = g.mul_(weight[i:j, None])
+            g.mul_(weight[i:j, None])
+            if not in_place:
+                grad[i:j] = g
         return grad, None, None, None
 
 

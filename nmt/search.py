@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from nmt.loss import fp32_block_rows
 from nmt.models.base import Seq2Seq
 
 
@@ -35,10 +36,11 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     The same kernels on the same rows, so the same values; but on CPU each block's fp32
     log-probabilities (~2 MB) stay in cache and only k per row are kept. Building the whole (N, V)
     fp32 tensor (47 MB for 1,500 beams over 8k words) and adding the beam scores to it cost more
-    than the output projection itself, much of it in page faults on fresh memory. A GPU does one block.
+    than the output projection itself, much of it in page faults on fresh memory. A GPU takes
+    blocks of up to 256 MB (see ``fp32_block_rows``).
     """
     N, V = logits.shape
-    rows = max(1, (1 << 19) // V) if logits.device.type == "cpu" else max(N, 1)
+    rows = fp32_block_rows(V, logits.device.type)
     values = torch.empty(N, k, dtype=torch.float32, device=logits.device)
     ids = torch.empty(N, k, dtype=torch.long, device=logits.device)
     for a in range(0, N, rows):

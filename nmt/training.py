@@ -22,7 +22,7 @@ import torch
 from nmt import autotune, checkpoint, distributed
 from nmt.batching import make_batch, padding_fraction, token_batches
 from nmt.config import Config, config_to_dict, load_config, save_config
-from nmt.device import Precision, bf16_available, check_precision, select_device
+from nmt.device import Precision, bf16_available, check_precision, keep_freed_memory, select_device
 from nmt.errors import NMTError
 from nmt.loss import label_smoothed_nll
 from nmt.models import build_model
@@ -178,6 +178,8 @@ class Trainer:
         cfg, run_dir, world = self.cfg, self.run_dir, self.world
         self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback)
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
+        if self.device.type == "cpu":
+            keep_freed_memory()
         if world.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
@@ -305,7 +307,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        loss_sum, nll_sum = 0.0, 0.0
+        sums = torch.zeros(2, device=self.device)  # loss and nll summed over the update, on the device
         for i, batch in enumerate(batches):
             batch = batch.to(self.device)
             last = i == len(batches) - 1
@@ -315,13 +317,14 @@ class Trainer:
                     logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
                 loss, nll = label_smoothed_nll(logits, batch.trg_out, cfg.label_smoothing, tok.pad_id)
                 self.scaler.scale(loss * loss_scale / n_tokens).backward()
-            loss_sum += loss.item() * weight
-            nll_sum += nll.item() * weight
-        src_tokens = sum(b.n_src_tokens for b in batches) * weight
-        loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
+            sums += torch.stack([loss.detach(), nll]) * weight
         self.scaler.unscale_(self.optimizer)
         max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm))
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # One device-to-host copy per update: a GPU otherwise waits for the host after every batch.
+        loss_sum, nll_sum, grad_norm = torch.cat([sums, norm.float().reshape(1)]).tolist()
+        src_tokens = sum(b.n_src_tokens for b in batches) * weight
+        loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
         finite = math.isfinite(loss_sum) and (math.isfinite(grad_norm) or self.scaler.is_enabled())
         if not finite:
             self.optimizer.zero_grad(set_to_none=True)

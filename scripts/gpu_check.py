@@ -1,0 +1,277 @@
+"""``make gpu-check``: everything that needs CUDA, in one command, ending in one screen of results.
+
+1. the CUDA-marked tests (tests/test_cuda.py);
+2. bf16 against fp32: the first updates of the same run (same seed, batches, weights, no dropout)
+   agree within a stated tolerance;
+3. 300 updates in bf16 with SDPA attention and fused AdamW: the loss falls;
+4. fp16 with a GradScaler: the loss falls, the scale stays finite;
+5. batched beam search on the GPU: equal to one sentence at a time, equal to the CPU, and its speed;
+6. ``nmt bench`` on Transformer-base (configs/multi30k_transformer_base.yaml): training tokens/s and
+   utilisation against the bf16 matmul peak measured in the same run (target: at least 35%).
+
+Exit status 1 if a correctness check fails (the utilisation target is reported, not enforced).
+``--quick`` runs the same logic on a CPU with small sizes (fp16 skipped), so CI keeps the script working.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+import torch  # noqa: E402
+
+from nmt import bench  # noqa: E402
+from nmt.config import apply_overrides, config_from_dict, read_yaml  # noqa: E402
+from nmt.device import cpu_has_bf16  # noqa: E402
+from nmt.scoring import bleu_only  # noqa: E402
+from nmt.training import Trainer  # noqa: E402
+from nmt.translate import load_translator  # noqa: E402
+
+AGREE_UPDATES = 10
+AGREE_TOLERANCE = 0.02  # |loss_bf16 - loss_fp32| / loss_fp32 over the first updates
+MFU_TARGET = 0.35
+
+
+@dataclass
+class Report:
+    rows: list[tuple[str, str, str]] = field(default_factory=list)  # (check, verdict, figures)
+    figures: dict = field(default_factory=dict)
+
+    def add(self, check: str, ok: bool | None, text: str) -> None:
+        verdict = "PASS" if ok else ("FAIL" if ok is not None else "info")
+        self.rows.append((check, verdict, text))
+        print(f"[{verdict}] {check}: {text}", flush=True)
+
+    @property
+    def failed(self) -> bool:
+        return any(v == "FAIL" for _, v, _ in self.rows)
+
+
+def quiet(message: str) -> None:
+    pass
+
+
+def demo_config(out: Path, name: str, sets: list[str]):
+    """configs/demo.yaml with its data and run under ``out``."""
+    values = read_yaml(ROOT / "configs" / "demo.yaml")
+    data = out / "demo-data"
+    base = [
+        f"run_dir={out / name}",
+        f"data.train={data / 'train'}",
+        f"data.dev={data / 'dev'}",
+        f"data.test={data / 'test'}",
+        "train.max_minutes=null",
+    ]
+    return config_from_dict(apply_overrides(values, base + sets))
+
+
+def train_run(cfg) -> tuple[Trainer, list[dict], float]:
+    """Train ``cfg`` from scratch; the trainer (closed), its per-update metrics, and seconds."""
+    shutil.rmtree(cfg.run_dir, ignore_errors=True)
+    trainer = Trainer(cfg, Path(cfg.run_dir), quiet)
+    start = time.perf_counter()
+    try:
+        trainer.run()
+    finally:
+        trainer.close()
+    seconds = time.perf_counter() - start
+    lines = (Path(cfg.run_dir) / "metrics.jsonl").read_text().splitlines()
+    return trainer, [r for r in map(json.loads, lines) if r["type"] == "train"], seconds
+
+
+def check_tests(report: Report, quick: bool) -> None:
+    if quick:
+        report.add("CUDA-marked tests", None, "skipped in --quick")
+        return
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", str(ROOT / "tests")],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+    )
+    summary = (done.stdout.strip().splitlines() or ["no output"])[-1]
+    passed = re.search(r"(\d+) passed", summary)
+    ok = done.returncode == 0 and passed is not None and "skipped" not in summary
+    report.add("CUDA-marked tests", ok, summary)
+    if not ok:
+        print(done.stdout[-4000:], done.stderr[-2000:], sep="\n")
+
+
+def check_agreement(report: Report, out: Path, device: str) -> None:
+    if device == "cpu" and not cpu_has_bf16():
+        report.add("bf16 vs fp32", None, "skipped: this CPU has no bf16 kernels")
+        return
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        sets = [
+            f"train.precision={precision}",
+            f"train.device={device}",
+            "model.dropout=0.0",
+            f"train.max_updates={AGREE_UPDATES}",
+            "train.warmup_updates=5",
+            "train.validate_every=1000",
+        ]
+        _, records, _ = train_run(demo_config(out, f"agree-{precision}", sets))
+        runs[precision] = [r["loss"] for r in records]
+    diffs = [abs(b - a) / a for a, b in zip(runs["fp32"], runs["bf16"])]
+    worst = max(diffs)
+    report.figures["agreement"] = {"fp32": runs["fp32"], "bf16": runs["bf16"], "relative_diff": diffs}
+    report.add(
+        f"bf16 vs fp32, first {AGREE_UPDATES} updates",
+        len(diffs) == AGREE_UPDATES and worst <= AGREE_TOLERANCE,
+        f"loss {runs['fp32'][0]:.3f}->{runs['fp32'][-1]:.3f} (fp32) vs {runs['bf16'][0]:.3f}->{runs['bf16'][-1]:.3f}"
+        f" (bf16); largest relative difference {worst:.2e} (tolerance {AGREE_TOLERANCE})",
+    )
+
+
+def falls(losses: list[float]) -> tuple[bool, float, float]:
+    k = max(1, len(losses) // 10)
+    first, last = sum(losses[:k]) / k, sum(losses[-k:]) / k
+    return last < 0.5 * first, first, last
+
+
+def check_bf16_training(report: Report, out: Path, device: str, updates: int) -> Path:
+    precision = "bf16" if device == "cuda" or cpu_has_bf16() else "fp32"
+    sets = [
+        f"train.precision={precision}",
+        "train.attention=sdpa",
+        f"train.device={device}",
+        f"train.max_updates={updates}",
+        f"train.warmup_updates={min(200, updates // 3)}",
+        f"train.validate_every={updates}",
+    ]
+    cfg = demo_config(out, "bf16-sdpa", sets)
+    trainer, records, seconds = train_run(cfg)
+    ok, first, last = falls([r["loss"] for r in records])
+    fused = bool(trainer.optimizer.defaults.get("fused"))
+    tokens = sum(r["trg_tokens"] for r in records)
+    report.add(
+        f"{precision} + SDPA + fused AdamW, {updates} updates",
+        ok and len(records) == updates and (fused or device == "cpu"),
+        f"loss {first:.2f} -> {last:.2f}; fused AdamW {fused}; {tokens / seconds:,.0f} target tokens/s "
+        f"({seconds:.1f} s, validation included)",
+    )
+    return Path(cfg.run_dir)
+
+
+def check_fp16(report: Report, out: Path, device: str, updates: int) -> None:
+    if device == "cpu":
+        report.add("fp16 + GradScaler", None, "skipped on CPU (fp16 is for GPUs)")
+        return
+    sets = ["train.precision=fp16", f"train.max_updates={updates}", f"train.validate_every={updates}"]
+    trainer, records, _ = train_run(demo_config(out, "fp16", sets))
+    ok, first, last = falls([r["loss"] for r in records])
+    scale = trainer.scaler.get_scale()
+    skipped = trainer.progress.skipped_updates
+    report.add(
+        f"fp16 + GradScaler, {updates} updates",
+        ok and 0 < scale < float("inf") and trainer.scaler.is_enabled() and skipped <= 5,
+        f"loss {first:.2f} -> {last:.2f}; loss scale {scale:g}; {skipped} overflowing updates skipped",
+    )
+
+
+def check_beam(report: Report, run_dir: Path, device: str) -> None:
+    cfg = demo_config(run_dir.parent, run_dir.name, [])
+    src = (run_dir.parent / "demo-data" / "test.src").read_text(encoding="utf-8").splitlines()
+    ref = (run_dir.parent / "demo-data" / "test.trg").read_text(encoding="utf-8").splitlines()
+    decode = cfg.decode
+    gpu = load_translator(run_dir, device, "fp32")
+    gpu.translate(src[:16], decode)  # warm-up
+    start = time.perf_counter()
+    batched = [h[0] for h in gpu.translate(src, decode)]
+    if device == "cuda":
+        torch.cuda.synchronize()
+    seconds = time.perf_counter() - start
+    one_by_one = [h[0] for h in gpu.translate(src, decode.__class__(**{**vars(decode), "batch_tokens": 1}))]
+    cpu = [h[0] for h in load_translator(run_dir, "cpu", "fp32").translate(src, decode)]
+    same_batched = sum(a == b for a, b in zip(batched, one_by_one)) / len(src)
+    same_cpu = sum(a == b for a, b in zip(batched, cpu)) / len(src)
+    bleu = bleu_only(batched, ref)
+    report.figures["beam"] = {"sentences": len(src), "seconds": seconds, "bleu": bleu}
+    report.add(
+        f"batched beam search (beam {decode.beam_size}, fp32)",
+        same_batched >= 0.99 and same_cpu >= 0.97,
+        f"{len(src)} sentences in {seconds:.2f} s = {len(src) / seconds:,.0f} sentences/s, BLEU {bleu:.2f}; "
+        f"equal to one at a time: {100 * same_batched:.1f}%, to the CPU: {100 * same_cpu:.1f}%",
+    )
+
+
+def flops(gflops: float) -> str:
+    return f"{gflops / 1e3:,.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:,.1f} GFLOP/s"
+
+
+def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
+    values = read_yaml(ROOT / "configs" / "multi30k_transformer_base.yaml")
+    sets = [
+        f"run_dir={out / 'bench'}",
+        f"data.train={data / 'train'}",
+        f"data.dev={data / 'val'}",
+        f"data.test={data / 'test_2016_flickr'}",
+    ]
+    if quick:
+        sets += ["model.d_model=64", "model.ff_size=128", "model.encoder_layers=1", "model.decoder_layers=1"]
+        sets += ["train.max_tokens=2048", "tokenizer.vocab_size=160"]
+    cfg = config_from_dict(apply_overrides(values, sets))
+    updates, warmup = (3, 1) if quick else (40, 10)
+    result = bench.run_bench(cfg, None, updates, warmup, 64 if quick else None, print)
+    report.figures["bench"] = result
+    train = result["training"]
+    mfu = train.get("utilization_vs_peak", 0.0)
+    peak = result["matmul_peak_gflops"][result["precision"]]
+    report.add(
+        "nmt bench, Transformer-base",
+        None if quick else mfu >= MFU_TARGET,
+        f"{train['trg_tokens_per_s']:,.0f} target tokens/s ({train['trg_tokens_per_update']:,.0f} per update), "
+        f"{flops(train['model_gflops'])} = {100 * mfu:.1f}% of the measured {result['precision']} "
+        f"peak {flops(peak)} (target {100 * MFU_TARGET:.0f}%); auto chose {result['auto']['precision']}"
+        f"/{result['auto']['attention']}; beam 5 on test: {result['decoding']['beam5']['sentences_per_s']:,.0f} "
+        "sentences/s (untrained model)",
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
+    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="scratch directory")
+    parser.add_argument("--quick", action="store_true", help="the same logic on a CPU with small sizes")
+    args = parser.parse_args()
+    if not args.quick and not torch.cuda.is_available():
+        print("gpu-check: error: no CUDA GPU is visible (use --quick to check the script's logic on a CPU)")
+        return 2
+    if not (args.data / "train.de").exists():
+        print(f"gpu-check: error: {args.data}: no Multi30k here (run 'make multi30k-data')")
+        return 2
+    device = "cpu" if args.quick else "cuda"
+    args.out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("NMT_CACHE_DIR", str(args.out / "cache"))
+    report = Report()
+    start = time.perf_counter()
+    name = torch.cuda.get_device_name() if device == "cuda" else "CPU (--quick)"
+    print(f"gpu-check on {name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+    check_tests(report, args.quick)
+    check_agreement(report, args.out, device)
+    run_dir = check_bf16_training(report, args.out, device, 60 if args.quick else 300)
+    check_fp16(report, args.out, device, 100)
+    check_beam(report, run_dir, device)
+    check_bench(report, args.out, args.data, args.quick)
+    (args.out / "gpu_check.json").write_text(json.dumps({"rows": report.rows, **report.figures}, indent=1) + "\n")
+    print(f"\n== gpu-check on {name} ({time.perf_counter() - start:.0f} s) ==")
+    width = max(len(c) for c, _, _ in report.rows)
+    for check, verdict, text in report.rows:
+        print(f"{verdict:5} {check:{width}}  {text}")
+    return 1 if report.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
