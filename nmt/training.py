@@ -225,7 +225,8 @@ class Trainer:
             device_ids = [self.device.index] if self.device.type == "cuda" else None
             self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
         replica = self.ddp if self.ddp is not None else self.model
-        self.step_model = torch.compile(replica) if t.compile else replica
+        # Every batch has another shape (sentences x length): compile for symbolic shapes once.
+        self.step_model = torch.compile(replica, dynamic=True) if t.compile else replica
         n_params = sum(p.numel() for p in self.model.parameters())
         ranks = f" x {world.world_size} ranks ({distributed.backend_for(self.device)})" if world.enabled else ""
         self.log(

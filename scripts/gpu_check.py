@@ -95,7 +95,7 @@ def check_tests(report: Report, quick: bool) -> None:
         report.add("CUDA-marked tests", None, "skipped in --quick")
         return
     done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "cuda", "-q", "-p", "no:cacheprovider", str(ROOT / "tests")],
+        [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
         capture_output=True,
         text=True,
         cwd=ROOT,
@@ -169,7 +169,12 @@ def check_fp16(report: Report, out: Path, device: str, updates: int) -> None:
     if device == "cpu":
         report.add("fp16 + GradScaler", None, "skipped on CPU (fp16 is for GPUs)")
         return
-    sets = ["train.precision=fp16", f"train.max_updates={updates}", f"train.validate_every={updates}"]
+    sets = [
+        "train.precision=fp16",
+        f"train.max_updates={updates}",
+        f"train.warmup_updates={updates // 3}",
+        f"train.validate_every={updates}",
+    ]
     trainer, records, _ = train_run(demo_config(out, "fp16", sets))
     ok, first, last = falls([r["loss"] for r in records])
     scale = trainer.scaler.get_scale()
