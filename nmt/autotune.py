@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from nmt.config import ModelConfig, TrainConfig
-from nmt.device import Precision, bf16_available, check_precision, precision_candidates
+from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates
 from nmt.files import atomic_write_bytes
 
 VERSION = 1  # bump when the measurement changes, so old cache entries are not reused
@@ -295,7 +295,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
 
     torch.manual_seed(0)
     model = build_model(shape.model, shape.vocab, shape.vocab, 0).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda" or None)
+    optimizer = adamw(model.parameters(), lr=1e-4)
     src, src_mask, trg_in, trg_out = _batch(shape, device)
     best_ms = _timer(device)
 

@@ -284,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from nmt.device import enlarge_onednn_cache
+
+    enlarge_onednn_cache()  # before torch builds its first oneDNN kernel
     try:
         return args.func(args)
     except NMTError as e:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import sys
 import warnings
 from dataclasses import dataclass
@@ -38,6 +39,40 @@ def keep_freed_memory() -> bool:
         return libc.mallopt(m_mmap_threshold, 1 << 30) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
+
+
+ONEDNN_CACHE_CAPACITY = 16384
+
+
+def enlarge_onednn_cache() -> str:
+    """Let oneDNN keep 16384 compiled kernels instead of its default 1024; returns the capacity in force.
+
+    oneDNN (bf16 on CPUs) compiles a kernel for each matrix shape, and batches of variable-length
+    sentences bring new shapes: some 50 kernels per batch shape (each linear layer forward and its
+    two backward products, attention's batched products). Multi30k's epoch has 126 batch shapes and
+    the demo's 46, so with 1024 kernels each epoch evicted and recompiled them, about 2 ms each:
+    bf16 trained the demo at 15,100 target tokens/s instead of 26,200 (2-core AMX Xeon), slower than
+    fp32. oneDNN reads the setting when it first builds a kernel, so call this before any bf16 work
+    (the CLI does, first thing). A capacity the user set in the environment is kept.
+    """
+    return os.environ.setdefault("ONEDNN_PRIMITIVE_CACHE_CAPACITY", str(ONEDNN_CACHE_CAPACITY))
+
+
+def prepare_cpu_process() -> None:
+    """What a training or decoding process on a CPU sets first: freed memory kept, many kernels cached."""
+    keep_freed_memory()
+    enlarge_onednn_cache()
+
+
+def adamw(params, **options) -> torch.optim.AdamW:
+    """AdamW with the fused kernel, one pass over all parameters, where this torch has one for the
+    parameters' device (CUDA; CPUs from torch 2.4): on a 2-core Xeon 3.5x faster than the default
+    loop over tensors. Elsewhere the default implementation, same arithmetic."""
+    params = list(params)
+    try:
+        return torch.optim.AdamW(params, fused=True, **options)
+    except (RuntimeError, TypeError, ValueError):
+        return torch.optim.AdamW(params, **options)
 
 
 def cpu_has_bf16() -> bool:

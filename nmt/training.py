@@ -22,7 +22,7 @@ import torch
 from nmt import autotune, checkpoint, distributed
 from nmt.batching import make_batch, padding_fraction, token_batches
 from nmt.config import Config, config_to_dict, load_config, save_config
-from nmt.device import Precision, bf16_available, check_precision, keep_freed_memory, select_device
+from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.loss import label_smoothed_nll
 from nmt.models import build_model
@@ -179,7 +179,7 @@ class Trainer:
         self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback)
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
         if self.device.type == "cpu":
-            keep_freed_memory()
+            prepare_cpu_process()
         if world.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
@@ -202,14 +202,8 @@ class Trainer:
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
         self.model.set_attention_kernel(self.choice.attention)
         t = cfg.train
-        fused = self.device.type == "cuda"
-        self.optimizer = torch.optim.AdamW(
-            self.model.parameters(),
-            lr=t.lr_peak,
-            betas=t.betas,
-            eps=t.adam_eps,
-            weight_decay=t.weight_decay,
-            fused=fused or None,
+        self.optimizer = adamw(
+            self.model.parameters(), lr=t.lr_peak, betas=t.betas, eps=t.adam_eps, weight_decay=t.weight_decay
         )
         self.scaler = self.precision.grad_scaler()
         self.checkpoints = checkpoint.CheckpointManager(
@@ -544,7 +538,11 @@ def _trace_parameters(model: torch.nn.Module, rank: int, update: int) -> None:
 def train(cfg: Config, log: Callable[[str], None]) -> Progress:
     trainer = Trainer(cfg, Path(cfg.run_dir), log)
     try:
-        return trainer.run()
+        progress = trainer.run()
+        # Every rank reaches the end before any tears down: gloo aborted now and then when one
+        # rank destroyed its group while another was still in its last collective.
+        distributed.barrier(trainer.world)
+        return progress
     finally:
         trainer.close()
         distributed.shutdown()

@@ -11,7 +11,7 @@ import torch
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import Config, DecodeConfig, load_config
-from nmt.device import Precision, bf16_available, check_precision, keep_freed_memory, select_device
+from nmt.device import Precision, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
@@ -135,7 +135,7 @@ def load_translator(
     src_tok, trg_tok = load_tokenizers(run_dir, cfg.tokenizer.joint, cfg.data.src_lang, cfg.data.trg_lang)
     device = select_device(device_name, key="--device")
     if device.type == "cpu":
-        keep_freed_memory()
+        prepare_cpu_process()
     if precision_name is not None:
         check_precision(precision_name, device.type, bf16_available(device), key="--precision")
     request = autotune.Request.from_train(cfg.train, precision_name)

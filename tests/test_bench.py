@@ -14,7 +14,7 @@ def test_bench_reports_training_decoding_and_peak(tmp_path):
     assert code == 0
     report = json.loads(out.read_text())
     train = report["training"]
-    assert train["updates"] == 3 and train["trg_tokens_per_s"] > 0
+    assert train["updates"] == 3 and train["trg_tokens_per_s"] > 0 and train["first_pass_trg_tokens_per_s"] > 0
     assert train["src_trg_tokens_per_s"] > train["trg_tokens_per_s"]
     assert train["flops_per_trg_token"] > 0 and 0 < train["utilization_vs_fp32_peak"]
     assert report["matmul_peak_gflops"]["fp32"] > 0

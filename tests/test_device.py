@@ -1,5 +1,7 @@
 """Device and precision rules, including the CUDA branches, decided on any machine."""
 
+import os
+
 import pytest
 import torch
 
@@ -71,3 +73,35 @@ def test_autocast_and_scaler():
     scaler.update()
     assert torch.equal(w.detach(), torch.ones(2))
     assert scaler.get_scale() < 65536.0
+
+
+def test_onednn_cache_enlarged_unless_the_user_chose(monkeypatch):
+    from nmt.device import ONEDNN_CACHE_CAPACITY, enlarge_onednn_cache
+
+    monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
+    assert enlarge_onednn_cache() == str(ONEDNN_CACHE_CAPACITY)
+    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "100")
+    assert enlarge_onednn_cache() == "100"
+
+
+def test_adamw_is_fused_here_and_steps_like_the_default():
+    from nmt.device import adamw
+
+    torch.manual_seed(0)
+    weights = [torch.randn(64, 32), torch.randn(32)]
+    grads = [torch.randn_like(w) for w in weights]
+    params = {}
+    for name, make in (("fused", adamw), ("default", torch.optim.AdamW)):
+        ps = [torch.nn.Parameter(w.clone()) for w in weights]
+        opt = make(ps, lr=1e-2, betas=(0.9, 0.98), weight_decay=0.01)
+        for _ in range(3):
+            for p, g in zip(ps, grads):
+                p.grad = g.clone()
+            opt.step()
+        params[name] = ps
+        if name == "fused":
+            assert opt.defaults["fused"]  # torch >= 2.4 has a fused CPU kernel
+    for a, b in zip(params["fused"], params["default"]):
+        assert torch.allclose(a, b, atol=1e-6)
+        assert not torch.equal(a.detach(), weights[0] if a.shape == weights[0].shape else weights[1])
