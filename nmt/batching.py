@@ -167,8 +167,10 @@ def _length_order(src: np.ndarray, trg: np.ndarray, tie_seed: int | None) -> np.
     return by_noise[np.argsort(key[by_noise], kind="stable")]
 
 
-def _seed_for(seed: int, epoch: int) -> int:
-    return (seed * 1_000_003 + epoch) % (2**63)
+def derived_seed(seed: int, stream: int) -> int:
+    """A seed of its own for one use of the run's ``seed``: an epoch's batch order (stream = the
+    epoch), a rank's dropout in one update (see ``Trainer.train_step``)."""
+    return (seed * 1_000_003 + stream) % (2**63)
 
 
 def token_batches(
@@ -186,13 +188,13 @@ def token_batches(
         raise ValueError(f"token_batches: {src.size} source but {trg.size} target lengths")
     if src.size == 0:
         return _plan(np.zeros(0, dtype=np.int32), [])
-    order = _length_order(src, trg, None if seed is None else _seed_for(seed, epoch))
+    order = _length_order(src, trg, None if seed is None else derived_seed(seed, epoch))
     sizes = np.maximum(src, trg)[order]
     plan = _plan(order, _greedy_cuts(sizes, max_tokens))
     if seed is not None:
         # The same permutation a list of the batches would get from random.shuffle with this seed.
         permutation = list(range(len(plan)))
-        random.Random(_seed_for(seed, epoch)).shuffle(permutation)
+        random.Random(derived_seed(seed, epoch)).shuffle(permutation)
         plan.bounds = plan.bounds[permutation]
     return plan
 
@@ -209,12 +211,9 @@ def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return _plan(order, _greedy_cuts(sizes[order], max_tokens)).tolist()
 
 
-def padding_fraction(batches: Sequence[Sequence[int]], src_lens: Sequence[int], trg_lens: Sequence[int]) -> float:
-    """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding.
-
-    ``src_lens`` is unused: the target side is what the loss pays for; kept for a symmetric call.
-    """
-    del src_lens
+def padding_fraction(batches: Sequence[Sequence[int]], trg_lens: Sequence[int]) -> float:
+    """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding:
+    the target side is what the loss and the output projection pay for."""
     if isinstance(batches, BatchPlan):  # the plan's index array is already batch after batch
         flat, starts = batches.order, np.sort(batches.bounds[:, 0])
         rows = np.diff(np.append(starts, flat.size))

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import resource
-import shutil
 import statistics
 import sys
 import time
@@ -16,11 +15,10 @@ from pathlib import Path
 import torch
 
 from nmt import autotune
-from nmt.batching import token_batches
 from nmt.config import Config
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
-from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes, check_output
 
 
 def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=None, seconds: float = 1.0) -> float:
@@ -52,23 +50,21 @@ def _peak_memory_mb(device: torch.device) -> float:
 
 
 def scratch_trainer(cfg: Config, suffix: str, log: Callable[[str], None]):
-    """A set-up trainer on ``cfg`` in the run directory RUN_DIR-``suffix``, never resuming a checkpoint
-    (prepared data and tokenizers there are reused)."""
-    from nmt.training import Trainer
+    """A set-up trainer on ``cfg`` in its own run directory RUN_DIR-``suffix``, starting from fresh
+    weights (prepared data and tokenizers there are reused); it never writes a checkpoint."""
+    from nmt.rundir import RunDir
+    from nmt.trainer import Trainer
 
-    scratch = Path(f"{cfg.run_dir}-{suffix}")
-    if (scratch / "checkpoints").exists():
-        shutil.rmtree(scratch / "checkpoints")
-    trainer = Trainer(replace(cfg, run_dir=str(scratch)), scratch, log)
-    trainer._setup()
+    scratch = replace(cfg, run_dir=f"{cfg.run_dir}-{suffix}")
+    trainer = Trainer(scratch, RunDir(scratch.run_dir), log)
+    trainer.setup(resume=False)
     return trainer
 
 
 def update_groups(trainer, count: int) -> list:
     """The first ``count`` updates' batch groups of epoch 1 (repeated if the epoch is shorter)."""
-    data, cfg = trainer.data.train, trainer.cfg
-    batches = token_batches(data.src_lens, data.trg_lens, cfg.train.max_tokens, cfg.seed, 1)
-    acc = cfg.train.accumulate
+    batches = trainer.epoch_plan()
+    acc = trainer.cfg.train.accumulate
     groups = [batches[i : i + acc] for i in range(0, len(batches), acc)]
     if len(groups) < count:
         groups = groups * (count // max(len(groups), 1) + 1)
@@ -80,7 +76,7 @@ def _timed_updates(trainer, groups: list) -> tuple[list[float], int, int]:
     times, trg_tokens, src_tokens = [], 0, 0
     for g in groups:
         start = time.perf_counter()
-        stats = trainer._update(g)
+        stats = trainer.train_step(g)
         if trainer.device.type == "cuda":
             torch.cuda.synchronize()
         times.append(time.perf_counter() - start)
@@ -99,16 +95,13 @@ def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None
     """
     groups = update_groups(trainer, warmup + updates)
     for g in groups[:warmup]:
-        trainer._update(g)
+        trainer.train_step(g)
     timed = groups[warmup:]
     first, _, _ = _timed_updates(trainer, timed)
     step_times, trg_tokens, src_tokens = _timed_updates(trainer, timed)
     seconds = sum(step_times)
     n_sent = sum(len(b) for g in timed for b in g)
-    model = trainer.model
-    flops = None
-    if hasattr(model, "flops_per_token"):
-        flops = model.flops_per_token(src_tokens / n_sent, trg_tokens / n_sent)
+    flops = trainer.model.flops_per_token(src_tokens / n_sent, trg_tokens / n_sent)
     result = {
         "updates": len(step_times),
         "seconds": seconds,
@@ -118,9 +111,8 @@ def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None
         "trg_tokens_per_update": trg_tokens / len(step_times),
         "first_pass_trg_tokens_per_s": trg_tokens / sum(first),
         "flops_per_trg_token": flops,
+        "model_gflops": flops * trg_tokens / seconds / 1e9,
     }
-    if flops is not None:
-        result["model_gflops"] = flops * trg_tokens / seconds / 1e9
     log(
         f"training: {result['trg_tokens_per_s']:.0f} target tokens/s, "
         f"{result['src_trg_tokens_per_s']:.0f} source+target tokens/s "
@@ -167,9 +159,17 @@ def run_bench(
     decode_sentences: int | None,
     log: Callable[[str], None],
 ) -> dict:
+    trainer = scratch_trainer(cfg, "bench", log)
+    try:
+        return _bench(trainer, cfg, model_dir, updates, warmup, decode_sentences, log)
+    finally:
+        trainer.close()
+
+
+def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_sentences, log) -> dict:
+    from nmt.rundir import RunDir
     from nmt.translate import Translator, load_translator
 
-    trainer = scratch_trainer(cfg, "bench", log)
     device, precision = trainer.device, trainer.precision
     info = autotune.machine(device)
     report: dict = {
@@ -181,7 +181,7 @@ def run_bench(
         "torch": torch.__version__,
         "precision": precision.name,
         "auto": trainer.choice.to_dict(),
-        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "parameters": trainer.model.num_parameters(),
         "max_tokens": cfg.train.max_tokens,
     }
     log(f"benchmark: {cfg.name} on {report['machine_name']} ({torch.get_num_threads()} threads)")
@@ -192,14 +192,13 @@ def run_bench(
     log("matmul peak: " + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peaks.items()))
 
     train = bench_training(trainer, updates, warmup, log)
-    if train.get("model_gflops"):
-        train["utilization_vs_peak"] = train["model_gflops"] / peaks[precision.name]
-        train["utilization_vs_fp32_peak"] = train["model_gflops"] / peaks["fp32"]
-        log(
-            f"model FLOPs: {train['flops_per_trg_token'] / 1e6:.1f} MFLOP per target token -> "
-            f"{train['model_gflops']:.1f} GFLOP/s = {100 * train['utilization_vs_peak']:.0f}% of the "
-            f"{precision.name} matmul peak ({100 * train['utilization_vs_fp32_peak']:.0f}% of fp32's)"
-        )
+    train["utilization_vs_peak"] = train["model_gflops"] / peaks[precision.name]
+    train["utilization_vs_fp32_peak"] = train["model_gflops"] / peaks["fp32"]
+    log(
+        f"model FLOPs: {train['flops_per_trg_token'] / 1e6:.1f} MFLOP per target token -> "
+        f"{train['model_gflops']:.1f} GFLOP/s = {100 * train['utilization_vs_peak']:.0f}% of the "
+        f"{precision.name} matmul peak ({100 * train['utilization_vs_fp32_peak']:.0f}% of fp32's)"
+    )
     report["training"] = train
 
     spec = cfg.data.test or cfg.data.dev
@@ -208,7 +207,7 @@ def run_bench(
     if decode_sentences:
         src, trg = src[:decode_sentences], trg[:decode_sentences]
     if model_dir is not None:
-        translator = load_translator(model_dir, cfg.train.device, cfg.train.precision, log)
+        translator = load_translator(RunDir.existing(model_dir), cfg.train.device, cfg.train.precision, log)
         report["decode_model"] = str(model_dir)
     else:
         log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")
@@ -221,12 +220,16 @@ def run_bench(
 
 
 def main(cfg: Config, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log) -> None:
-    if model_dir is not None and not Path(model_dir).is_dir():
-        raise NMTError(f"{model_dir}: no such run directory")
-    report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
-    text = json.dumps(report, indent=1)
+    from nmt.rundir import RunDir
+
+    if model_dir is not None:
+        RunDir.existing(model_dir)  # a wrong run directory is reported before any work
     if json_path:
-        Path(json_path).write_text(text + "\n")
+        check_output(Path(json_path), [], "--json")
+    report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
+    text = json.dumps(report, indent=1) + "\n"
+    if json_path:
+        atomic_write_bytes(Path(json_path), text.encode("utf-8"))
         log(f"wrote {json_path}")
     else:
-        sys.stdout.write(text + "\n")
+        sys.stdout.write(text)

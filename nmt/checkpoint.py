@@ -11,9 +11,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import re
-import signal
+import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,34 +20,17 @@ from typing import Any
 
 import torch
 
-from nmt import files
+from nmt import files, testhooks
 from nmt.errors import NMTError
 
 FORMAT = "nmt-checkpoint-1"
 _UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")
 
-# Test hooks that simulate a crash between writing the temporary file and renaming it: a
-# callable set by in-process tests, or NMT_TEST_KILL_BEFORE_RENAME=N in the environment, which
-# makes a training process SIGKILL itself during its N-th checkpoint write (fault-injection tests).
-_before_rename: Callable[[Path], None] | None = None
-_writes = 0
-
-
-def _fault_injection(tmp: Path) -> None:
-    global _writes
-    if _before_rename is not None:
-        _before_rename(tmp)
-    target = os.environ.get("NMT_TEST_KILL_BEFORE_RENAME")
-    if target and re.match(r"\.update_\d{8}\.pt\.tmp", tmp.name):
-        _writes += 1
-        if _writes == int(target):
-            os.kill(os.getpid(), signal.SIGKILL)
-
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old content or the new, never a mix."""
     try:
-        files.atomic_write_bytes(path, data, before_rename=_fault_injection)
+        files.atomic_write_bytes(path, data, before_rename=testhooks.checkpoint_before_rename)
     except OSError as e:
         raise NMTError(f"{path}: could not write checkpoint ({e.strerror or e}); the previous one is intact") from None
 
@@ -88,6 +70,8 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
         expected = sidecar.read_text().strip()
         if hashlib.sha256(data).hexdigest() != expected:
             raise NMTError(f"{path}: checkpoint is corrupted or truncated (checksum mismatch)")
+    if not zipfile.is_zipfile(io.BytesIO(data)):  # torch.save writes a zip archive
+        raise NMTError(f"{path}: not a checkpoint (not a PyTorch archive); the file is damaged or another kind of file")
     try:
         payload = torch.load(io.BytesIO(data), map_location=map_location, weights_only=True)
     except Exception as e:  # noqa: BLE001 - torch raises many types for bad files
@@ -132,11 +116,12 @@ class CheckpointManager:
     atomically after each new file is complete, and old files are deleted only after that.
     """
 
-    def __init__(self, directory: Path, keep_last: int, keep_best: int, clean: bool = True):
+    def __init__(self, directory: Path, keep_last: int, keep_best: int, clean: bool = True, create: bool = True):
         self.directory = directory
         self.keep_last = keep_last
         self.keep_best = keep_best
-        directory.mkdir(parents=True, exist_ok=True)
+        if create:
+            directory.mkdir(parents=True, exist_ok=True)
         self.index_path = directory / "index.json"
         if clean:  # only the process that writes checkpoints may remove temporaries
             for torn in directory.glob(".*.tmp*"):  # temporary files of a process that died mid-write
@@ -178,11 +163,11 @@ class CheckpointManager:
         found = list_checkpoints(self.directory, "best")
         return found[0].path if found else None
 
-    def load_latest_state(self, warn: Callable[[str], None]) -> dict | None:
-        """Newest readable training state; corrupt ones are reported and skipped."""
+    def load_latest_state(self, warn: Callable[[str], None]) -> tuple[Path, dict] | None:
+        """Newest readable training state and its file; corrupt ones are reported and skipped."""
         for info in list_checkpoints(self.directory, "update"):
             try:
-                return load(info.path)
+                return info.path, load(info.path)
             except NMTError as e:
                 warn(f"{e}; trying an older checkpoint")
         return None

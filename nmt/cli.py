@@ -41,7 +41,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     from nmt.training import train
 
     cfg = load_config(args.config, args.set)
-    train(cfg, _log)
+    train(cfg, _log, Path(args.config))
     return 0
 
 
@@ -50,14 +50,18 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     from nmt.config import load_config
     from nmt.prepare import prepare
-    from nmt.training import open_run_dir
+    from nmt.rundir import RunDir
 
     cfg = load_config(args.config, args.set)
-    run_dir = Path(cfg.run_dir)
-    open_run_dir(cfg, run_dir)
-    start = time.perf_counter()
-    data = prepare(cfg, run_dir, _log)
-    seconds = time.perf_counter() - start
+    run = RunDir(cfg.run_dir)
+    run.open_for_training(cfg, Path(args.config), _log)
+    try:
+        start = time.perf_counter()
+        data = prepare(cfg, run, _log)
+        seconds = time.perf_counter() - start
+        data.train.close()
+    finally:
+        run.close()
     _log(
         f"prepared {len(data.train)} training pairs in {seconds:.1f} s "
         f"({len(data.train) / max(seconds, 1e-9):.0f} pairs/s); 'nmt train --config {args.config}' reuses them"
@@ -76,61 +80,96 @@ def _decode_config(args: argparse.Namespace, base):
     return replace(base, **changes)
 
 
-def _read_input(path: str | None) -> list[str]:
-    from nmt.corpus import read_lines
+class _Stdout:
+    """Standard output as a destination for lines: each window's lines as soon as they are done."""
 
-    if path is None or path == "-":
-        data = sys.stdin.buffer.read()
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            line = data[: e.start].count(b"\n") + 1
-            raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
-        return text.splitlines()
-    return read_lines(Path(path))
+    lines = 0
 
-
-def _translate_lines(args: argparse.Namespace, lines: list[str]):
-    from nmt.translate import load_run_config, load_translator
-
-    run_dir = Path(args.model)
-    cfg = load_run_config(run_dir)
-    decode = _decode_config(args, cfg.decode)
-    translator = load_translator(run_dir, args.device, args.precision, _log)
-    bar = None
-    if sys.stderr.isatty() and lines:
-        from tqdm import tqdm
-
-        bar = tqdm(total=len(lines), unit="sent", file=sys.stderr, dynamic_ncols=True)
-    outputs = translator.translate(lines, decode, progress=bar.update if bar else None)
-    if bar is not None:
-        bar.close()
-    return outputs
-
-
-def _write_output(path: str | None, lines: list[str]) -> None:
-    text = "".join(line + "\n" for line in lines)
-    if path is None or path == "-":
-        sys.stdout.write(text)
+    def write(self, lines: list[str]) -> None:
+        sys.stdout.write("".join(line + "\n" for line in lines))
         sys.stdout.flush()
-        return
+        self.lines += len(lines)
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+
+def _open_output(path: str | None, inputs: list[Path], option: str):
+    """Where a command's lines go, checked before any work starts (see ``files.check_output``)."""
+    from nmt.files import LineWriter, check_output
+
+    if path is None or path == "-":
+        return _Stdout()
+    check_output(Path(path), inputs, option)
     try:
-        Path(path).write_text(text, encoding="utf-8")
+        return LineWriter(Path(path))
     except OSError as e:
-        raise NMTError(f"{path}: cannot write output ({e.strerror})") from None
+        raise NMTError(f"{option} {path}: cannot write ({e.strerror})") from None
+
+
+def _input_file(path: str | None, option: str) -> Path | None:
+    if path is None or path == "-":
+        return None
+    source = Path(path)
+    if not source.exists():
+        raise NMTError(f"{option} {path}: no such file")
+    if source.is_dir():
+        raise NMTError(f"{option} {path}: is a directory, expected a text file")
+    return source
+
+
+def _progress_bar(source: Path | None):
+    """A progress bar on a terminal; its total is the input's line count where that is known."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    from nmt.corpus import iter_lines
+
+    total = sum(1 for _ in iter_lines(source)) if source is not None else None
+    return tqdm(total=total, unit="sent", file=sys.stderr, dynamic_ncols=True)
+
+
+def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
+    """Translate ``source`` (stdin if None) into ``sink`` window by window; returns the lines read.
+    Interrupted, a file output keeps what was done as OUTPUT.partial and the old OUTPUT untouched."""
+    import signal
+
+    from nmt.files import LineWriter
+    from nmt.signals import Interrupted
+    from nmt.translate import input_windows, load_translator, translate_stream
+
+    cfg = run.config()
+    decode = _decode_config(args, cfg.decode)
+    translator = load_translator(run, args.device, args.precision, _log)
+    bar = _progress_bar(source)
+    try:
+        done = translate_stream(translator, input_windows(source), decode, sink.write, bar.update if bar else None)
+    except KeyboardInterrupt:
+        message = f"interrupted after {sink.lines} output lines"
+        if isinstance(sink, LineWriter):
+            message = f"interrupted: the {sink.lines} lines done are in {sink.keep_partial()}; {sink.path} is unchanged"
+        raise Interrupted(message, signal.SIGINT) from None
+    except BaseException:
+        sink.discard()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    sink.commit()
+    return done
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.translate import load_run_config
+    from nmt.rundir import RunDir
 
-    load_run_config(Path(args.model))  # a wrong run directory is reported before reading any input
-    lines = _read_input(args.input)
-    outputs = _translate_lines(args, lines)
-    if args.nbest and args.nbest > 1:
-        flat = [f"{i}\t{hyp}" for i, hyps in enumerate(outputs) for hyp in hyps]
-    else:
-        flat = [hyps[0] for hyps in outputs]
-    _write_output(args.output, flat)
+    run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
+    source = _input_file(args.input, "--input")
+    sink = _open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
+    _translate_to(args, run, source, sink)
     return 0
 
 
@@ -140,14 +179,22 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
 
     refs = [read_lines(Path(r)) for r in args.ref]
     if args.model:
+        from nmt.rundir import RunDir
+
         if not args.src:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
-        src = read_lines(Path(args.src))
-        if len(src) != len(refs[0]):
-            raise NMTError(f"{args.src} has {len(src)} lines but {args.ref[0]} has {len(refs[0])}")
-        hyps = [h[0] for h in _translate_lines(args, src)]
-        if args.output:
-            _write_output(args.output, hyps)
+        run = RunDir.existing(args.model)
+        source = _input_file(args.src, "--src")
+        n_src = sum(1 for _ in read_lines(source))
+        if n_src != len(refs[0]):
+            raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
+        inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
+        to_file = args.output not in (None, "-")
+        sink = _open_output(args.output, inputs, "--output") if to_file else _Collect()
+        _translate_to(args, run, source, sink)
+        hyps = read_lines(Path(args.output)) if to_file else sink.collected
+        if args.output == "-":
+            _Stdout().write(hyps)
         hyp_name = f"translation of {args.src}"
     else:
         if not args.hyp:
@@ -162,6 +209,24 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     else:
         print(scores.summary())
     return 0
+
+
+class _Collect:
+    """Lines kept in memory: eval-bleu scores its translations without writing them anywhere."""
+
+    def __init__(self):
+        self.collected: list[str] = []
+        self.lines = 0
+
+    def write(self, lines: list[str]) -> None:
+        self.collected += lines
+        self.lines += len(lines)
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -238,7 +303,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("--input", "-i", help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", "-o", help="output file (default: stdout)")
-    p.add_argument("--nbest", type=_positive_int, help="write the N best translations as 'INDEX<TAB>TEXT' lines")
+    p.add_argument(
+        "--nbest",
+        type=_positive_int,
+        help="write the N best translations of each line as Moses/Marian n-best lines: "
+        "'INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE' (SCORE = LOGPROB / length**length_penalty)",
+    )
     _add_decode_options(p)
     p.set_defaults(func=cmd_translate)
 

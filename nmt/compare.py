@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -11,6 +12,8 @@ from pathlib import Path
 
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
+from nmt.files import atomic_write, atomic_write_bytes
+from nmt.rundir import RunDir
 from nmt.scoring import corpus_scores
 
 
@@ -41,19 +44,20 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return train, valid
 
 
-def summarize_run(run_dir: Path, log: Callable[[str], None]) -> RunSummary:
-    from nmt.translate import load_run_config, load_translator
+def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
+    from nmt.translate import load_translator
 
+    run_dir = run.path
     train, valid = read_metrics(run_dir)
     if not train:
         raise NMTError(f"{run_dir}: the run has no training updates logged")
-    translator = load_translator(run_dir)
-    cfg = load_run_config(run_dir)
+    translator = load_translator(run)
+    cfg = run.config()
     seconds = train[-1]["elapsed"]
     summary = RunSummary(
         name=str(run_dir),
         model_type=cfg.model.type,
-        parameters=sum(p.numel() for p in translator.model.parameters()),
+        parameters=translator.model.num_parameters(),
         train_seconds=seconds,
         updates=train[-1]["update"],
         trg_tokens_per_s=sum(r["trg_tokens"] for r in train) / max(seconds, 1e-9),
@@ -103,6 +107,7 @@ def markdown_table(runs: list[RunSummary]) -> str:
 
 
 def plot_curves(runs: list[RunSummary], path: Path) -> None:
+    """dev BLEU over wall time and over updates, written atomically to ``path`` (PNG)."""
     try:
         import matplotlib
 
@@ -122,17 +127,32 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
         ax.grid(alpha=0.3)
         ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    atomic_write(path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
 
 
+def check_report_dir(out_dir: Path, run_dirs: list[Path]) -> None:
+    """Before any work: ``out_dir`` must be (or become) a writable directory outside every run
+    directory, since readers of a run never write into it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NMTError(f"--out {out_dir}: exists and is not a directory")
+    for run_dir in run_dirs:
+        if out_dir.absolute() == run_dir.absolute() or run_dir.absolute() in out_dir.absolute().parents:
+            raise NMTError(f"--out {out_dir}: is inside the run directory {run_dir}; write the report elsewhere")
+    parent = out_dir if out_dir.exists() else out_dir.absolute().parent
+    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
+        raise NMTError(f"--out {out_dir}: cannot create or write this directory")
+
+
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
-    runs = [summarize_run(d, log) for d in run_dirs]
+    runs_opened = [RunDir.existing(d) for d in run_dirs]
+    check_report_dir(out_dir, run_dirs)
+    runs = [summarize_run(run, log) for run in runs_opened]
     out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(runs)
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)
-    (out_dir / "compare.md").write_text(table + f"\n![dev BLEU]({figure.name})\n", encoding="utf-8")
-    (out_dir / "compare.json").write_text(json.dumps([r.__dict__ for r in runs], indent=1), encoding="utf-8")
+    atomic_write_bytes(out_dir / "compare.md", (table + f"\n![dev BLEU]({figure.name})\n").encode("utf-8"))
+    atomic_write_bytes(out_dir / "compare.json", json.dumps([r.__dict__ for r in runs], indent=1).encode("utf-8"))
     log(f"wrote {out_dir / 'compare.md'}, {figure}")
     return table

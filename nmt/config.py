@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -16,21 +18,10 @@ from typing import Any, Literal
 
 import yaml
 
+from nmt.corpus import CorpusConfig, anchor_corpus
 from nmt.errors import NMTError
-
-
-@dataclass
-class CorpusConfig:
-    """One parallel corpus: plain ``PREFIX.SRC``/``PREFIX.TRG`` files, a TSV file, or a HF dataset."""
-
-    path: str = ""  # prefix, .tsv file, local dataset directory, or hub dataset name
-    format: Literal["auto", "plain", "tsv", "hf"] = "auto"
-    hf_config: str | None = None  # hub dataset configuration, e.g. "de-en" for wmt14
-    split: str = "train"  # hub/local dataset split
-    src_column: str | None = None  # one column per language; default: `translation` dict or the language code
-    trg_column: str | None = None
-    max_pairs: int | None = None  # read at most this many pairs
-    streaming: bool = True  # hf: stream rows instead of converting the whole dataset to Arrow first
+from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
+from nmt.tokenizer import TokenizerConfig
 
 
 @dataclass
@@ -47,38 +38,6 @@ class DataConfig:
     synthetic_train_pairs: int = 6000
     shard_pairs: int = 100_000  # training pairs per binarized shard (one encoding task each)
     workers: int | None = None  # processes encoding shards; default: one per CPU core
-
-
-@dataclass
-class TokenizerConfig:
-    type: Literal["unigram", "bpe"] = "unigram"
-    vocab_size: int = 8000
-    joint: bool = True  # one model for both languages (needed to tie src/trg embeddings)
-    character_coverage: float = 1.0
-    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece
-
-
-@dataclass
-class ModelConfig:
-    type: Literal["transformer", "rnn"] = "transformer"
-    d_model: int = 256  # Transformer width; embedding size of the RNN
-    ff_size: int = 1024
-    encoder_layers: int = 3
-    decoder_layers: int = 3
-    heads: int = 4
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    norm: Literal["post", "pre"] = "post"  # post-norm as in Vaswani et al.; pre-norm trains more easily
-    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
-    max_positions: int = 1024
-    tie_embeddings: bool = True  # share source and target embeddings (joint vocabulary)
-    tie_output: bool = True  # output projection shares the target embedding matrix
-    # RNN baseline only
-    rnn_cell: Literal["lstm", "gru"] = "lstm"
-    rnn_hidden: int = 512
-    rnn_bidirectional: bool = True
-    attention: Literal["dot", "general", "bilinear", "mlp", "additive"] = "mlp"
-    input_feeding: bool = True
 
 
 @dataclass
@@ -132,7 +91,7 @@ class Config:
     seed: int = 1
     data: DataConfig = field(default_factory=DataConfig)
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    model: ModelConfig = field(default_factory=ModelConfig)
+    model: ModelConfig = field(default_factory=TransformerConfig)  # the class model.type names
     train: TrainConfig = field(default_factory=TrainConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
 
@@ -157,6 +116,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "model.heads": _POSITIVE,
     "model.dropout": _PROBABILITY,
     "model.attention_dropout": _PROBABILITY,
+    "model.activation_dropout": _PROBABILITY,
     "model.max_positions": _POSITIVE,
     "model.rnn_hidden": _POSITIVE,
     "train.max_tokens": _POSITIVE,
@@ -206,6 +166,8 @@ def _type_name(tp: Any) -> str:
 def _convert(value: Any, tp: Any, key: str) -> Any:
     """Check ``value`` against annotation ``tp``; return it converted (int -> float, list -> tuple)."""
     origin = typing.get_origin(tp)
+    if tp is ModelConfig:
+        return _model_section(value, key)
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
         if value is None and type(None) in args:
@@ -254,6 +216,40 @@ def _convert(value: Any, tp: Any, key: str) -> Any:
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
 
 
+def _model_section(values: Any, key: str) -> ModelConfig:
+    """The ``model:`` mapping as the config class its ``type`` names (Transformer by default).
+
+    A key that belongs to the other model type is accepted only at its default value: saved
+    configs of earlier versions list every model key. Set to anything else, it would be ignored
+    silently, so it is an error.
+    """
+    if not isinstance(values, dict):
+        raise NMTError(f"config key '{key}': expected a mapping, got {values!r}")
+    kind = values.get("type", "transformer")
+    if kind not in MODEL_CONFIGS:
+        names = ", ".join(repr(k) for k in MODEL_CONFIGS)
+        raise NMTError(f"config key '{key}.type': {kind!r} is not one of {names}")
+    kept = {}
+    for name, value in values.items():
+        other = _other_model_default(kind, name)
+        if other is None:
+            kept[name] = value  # its own key, or an unknown one that _build reports with a suggestion
+        elif value != other[1]:
+            raise NMTError(f"config key '{key}.{name}': applies to model.type '{other[0]}', not '{kind}'")
+    return _build(MODEL_CONFIGS[kind], kept, key)
+
+
+def _other_model_default(kind: str, name: str) -> tuple[str, Any] | None:
+    """(model type, default) when ``name`` is a key of another model type only, else None."""
+    if name in {f.name for f in dataclasses.fields(MODEL_CONFIGS[kind])}:
+        return None
+    for other_kind, cls in MODEL_CONFIGS.items():
+        for f in dataclasses.fields(cls):
+            if f.name == name:
+                return other_kind, f.default
+    return None
+
+
 def _build(cls: type, values: dict, prefix: str) -> Any:
     hints = typing.get_type_hints(cls)
     known = [f.name for f in dataclasses.fields(cls)]
@@ -274,13 +270,7 @@ def _build(cls: type, values: dict, prefix: str) -> Any:
 
 def _check_consistency(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
-    if m.type == "transformer" and m.d_model % m.heads:
-        raise NMTError(f"config key 'model.heads': d_model {m.d_model} is not divisible by {m.heads} heads")
-    if m.type == "rnn" and m.attention == "dot" and m.rnn_bidirectional:
-        raise NMTError(
-            "config key 'model.attention': 'dot' needs equal query and key sizes; "
-            "use 'general' or 'mlp' with a bidirectional encoder, or set model.rnn_bidirectional: false"
-        )
+    m.check()
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:
@@ -299,13 +289,53 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError("config key 'data.trg_lang': source and target language are the same")
 
 
-def config_from_dict(values: dict, base_dir: Path | None = None) -> Config:
-    """Build and check a Config; relative paths are resolved against ``base_dir`` if given."""
+# Keys that hold paths: relative ones are read against the directory of the config file that sets
+# them, or against the working directory when set on the command line (--set).
+PATH_KEYS = ("run_dir", "data.train", "data.dev", "data.test")
+
+
+def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) -> Config:
+    """``cfg`` with every relative path made absolute: against ``base`` (the config file's
+    directory), or against the working directory for keys in ``command_line`` (``--set``)."""
+    cwd = Path.cwd()
+
+    def base_for(key: str) -> Path:
+        return cwd if any(k == key or k.startswith(key + ".") for k in command_line) else base
+
+    d = cfg.data
+    data = dataclasses.replace(
+        d,
+        **{
+            split: anchor_corpus(spec, base_for(f"data.{split}"), d.src_lang, d.trg_lang)
+            for split in ("train", "dev", "test")
+            if (spec := getattr(d, split)) is not None
+        },
+    )
+    run_dir = Path(cfg.run_dir).expanduser()
+    if not run_dir.is_absolute():
+        run_dir = base_for("run_dir") / run_dir
+    return dataclasses.replace(cfg, run_dir=str(Path(os.path.normpath(run_dir.absolute()))), data=data)
+
+
+def config_from_dict(values: dict, base_dir: Path | None = None, command_line: set[str] = frozenset()) -> Config:
+    """Build and check a Config. With ``base_dir``, relative paths are resolved against it
+    (``command_line`` keys against the working directory; see ``anchor_paths``)."""
     if not isinstance(values, dict):
         raise NMTError("config: the top level must be a mapping of sections")
     cfg = _build(Config, values, "")
     _check_consistency(cfg)
-    return cfg
+    return cfg if base_dir is None else anchor_paths(cfg, base_dir, command_line)
+
+
+# PyYAML reads YAML 1.1, where 5e-4 (no dot) is a string, not a number.
+_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
+
+
+def _yaml_number(value: Any) -> Any:
+    """``value``, or the float it spells when it is a string in scientific notation ('5e-4')."""
+    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
+        return float(value)
+    return value
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -317,16 +347,12 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    # YAML 1.1 reads 5e-4 as a string; accept it as the number it is.
-    if isinstance(value, str):
-        try:
-            value = float(value) if any(c in value for c in ".eE") else value
-        except ValueError:
-            pass
-    return key.strip().split("."), value
+    return key.strip().split("."), _fix_yaml_floats(value)
 
 
-def apply_overrides(values: dict, overrides: list[str]) -> dict:
+def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
+    """Apply ``--set`` overrides to ``values`` in place; returns the dotted keys they set."""
+    keys = set()
     for text in overrides:
         path, value = parse_override(text)
         node = values
@@ -339,22 +365,17 @@ def apply_overrides(values: dict, overrides: list[str]) -> dict:
             node[part] = child
             node = child
         node[path[-1]] = value
-    return values
+        keys.add(".".join(path))
+    return keys
 
 
 def _fix_yaml_floats(node: Any) -> Any:
-    """PyYAML (YAML 1.1) leaves ``5e-4`` as a string; convert such strings to floats."""
+    """Every string in scientific notation, anywhere in ``node``, as the float it spells."""
     if isinstance(node, dict):
         return {k: _fix_yaml_floats(v) for k, v in node.items()}
     if isinstance(node, list):
         return [_fix_yaml_floats(v) for v in node]
-    if isinstance(node, str):
-        try:
-            if any(c in node for c in "eE") and node.strip()[0] in "0123456789.-+":
-                return float(node)
-        except (ValueError, IndexError):
-            pass
-    return node
+    return _yaml_number(node)
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -384,10 +405,16 @@ def read_yaml(path: str | Path) -> dict:
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
-    """Read a YAML config, apply ``--set`` overrides, check everything once."""
-    values = apply_overrides(read_yaml(path), overrides or [])
+    """Read a YAML config, apply ``--set`` overrides, check everything once.
+
+    Relative paths in the file are read against the file's directory; those given with ``--set``
+    against the working directory. The Config holds them absolute.
+    """
+    path = Path(path)
+    values = read_yaml(path)
+    command_line = apply_overrides(values, overrides or [])
     try:
-        return config_from_dict(values)
+        return config_from_dict(values, path.absolute().parent, command_line)
     except NMTError as e:
         raise NMTError(f"{path}: {e}") from None
 
@@ -403,5 +430,10 @@ def config_to_dict(cfg: Config) -> dict:
     return clean(dataclasses.asdict(cfg))
 
 
-def save_config(cfg: Config, path: Path) -> None:
-    path.write_text(yaml.safe_dump(config_to_dict(cfg), sort_keys=False), encoding="utf-8")
+def config_yaml(cfg: Config, run_dir: str | None = None, header: str = "") -> str:
+    """The config as YAML, every default filled in; ``run_dir`` replaces the stored run directory
+    (a run's own config says ``.``: the directory it lies in)."""
+    values = config_to_dict(cfg)
+    if run_dir is not None:
+        values["run_dir"] = run_dir
+    return header + yaml.safe_dump(values, sort_keys=False)

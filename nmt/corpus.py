@@ -11,14 +11,29 @@ import gzip
 import os
 import zlib
 from collections.abc import Iterator
+from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 
-from nmt.config import CorpusConfig
 from nmt.errors import NMTError
+
+
+@dataclass
+class CorpusConfig:
+    """One parallel corpus: plain ``PREFIX.SRC``/``PREFIX.TRG`` files, a TSV file, or a HF dataset."""
+
+    path: str = ""  # prefix, .tsv file, local dataset directory, or hub dataset name
+    format: Literal["auto", "plain", "tsv", "hf"] = "auto"
+    hf_config: str | None = None  # hub dataset configuration, e.g. "de-en" for wmt14
+    split: str = "train"  # hub/local dataset split
+    src_column: str | None = None  # one column per language; default: `translation` dict or the language code
+    trg_column: str | None = None
+    max_pairs: int | None = None  # read at most this many pairs
+    streaming: bool = True  # hf: stream rows instead of converting the whole dataset to Arrow first
+
 
 _BOM = b"\xef\xbb\xbf"
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # written by Dataset(Dict).save_to_disk
@@ -249,12 +264,32 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
 # --------------------------------------------------------------------------- format choice
 
 
-def _looks_like_path(path: str) -> bool:
-    """A string meant as a file prefix rather than a hub name ('wmt14', 'Helsinki-NLP/opus-100')."""
+def _looks_like_path(path: str, base: Path = Path(".")) -> bool:
+    """A string meant as a file prefix rather than a hub name ('wmt14', 'Helsinki-NLP/opus-100');
+    a relative one is read against ``base``."""
     if os.path.isabs(path) or path.startswith((".", "~")) or "\\" in path or path.count("/") > 1:
         return True
     parent = os.path.dirname(path)
-    return bool(parent) and os.path.isdir(parent)
+    return bool(parent) and (base / parent).is_dir()
+
+
+def anchor_corpus(spec: CorpusConfig, base: Path, src_lang: str, trg_lang: str) -> CorpusConfig:
+    """``spec`` with a relative local path made absolute against ``base`` (the directory of the
+    config file that names it); a hub dataset name ('wmt14') is left as it is."""
+    path = spec.path
+    if not path or os.path.isabs(path):
+        return spec
+    if path.startswith("~"):
+        return replace(spec, path=os.path.expanduser(path))
+    local = base / path
+    if spec.format == "hf":
+        is_local = local.is_dir()
+    elif spec.format == "auto":
+        named_files = any(_existing_plain_file(str(local), lang) for lang in (src_lang, trg_lang))
+        is_local = local.exists() or named_files or _looks_like_path(path, base)
+    else:
+        is_local = True
+    return replace(spec, path=os.path.normpath(local.absolute())) if is_local else spec
 
 
 def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:

@@ -1,14 +1,17 @@
 """Crash-safe file writes: a temporary file in the same directory, fsynced, then renamed.
 
-A crash at any moment leaves either the old file or the new one, complete, never a mix.
+A crash at any moment leaves either the old file or the new one, complete, never a mix. Outputs
+are checked against the command's inputs before any work starts, so none can overwrite one.
 No torch here: data-preparation workers import this module.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
+
+from nmt.errors import NMTError
 
 
 def fsync_dir(directory: Path) -> None:
@@ -60,3 +63,55 @@ def atomic_write(
 
 def atomic_write_bytes(path: Path, data: bytes, before_rename: Callable[[Path], None] | None = None) -> None:
     atomic_write(path, lambda f: f.write(data), before_rename)
+
+
+def check_output(path: Path, inputs: Iterable[Path], option: str) -> None:
+    """Refuse, before any work starts, an output that cannot be written or that would destroy an
+    input: the same file however it is reached (relative path, symlink, hard link)."""
+    if path.is_dir():
+        raise NMTError(f"{option} {path}: is a directory, expected a file name")
+    if path.exists():
+        for source in inputs:
+            if source.exists() and os.path.samefile(path, source):
+                raise NMTError(f"{option} {path}: is the input {source}; write the output to another file")
+    parent = path.absolute().parent
+    if not parent.is_dir():
+        raise NMTError(f"{option} {path}: the directory {parent} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise NMTError(f"{option} {path}: the directory {parent} is not writable")
+
+
+class LineWriter:
+    """Text lines written to a temporary file beside ``path``, which becomes ``path`` only when
+    complete (``commit``): an earlier file of that name stays untouched until then. ``keep_partial``
+    keeps what was written as ``PATH.partial`` instead (an interrupted command)."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self.lines = 0
+        self._tmp = temporary_name(path)
+        self._file = open(self._tmp, "w", encoding="utf-8", newline="\n")
+
+    def write(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self._file.write(line + "\n")
+            self.lines += 1
+        self._file.flush()
+
+    def commit(self) -> None:
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        self._file.close()
+        os.replace(self._tmp, self.path)
+        fsync_dir(self.path.parent)
+
+    def keep_partial(self) -> Path:
+        self._file.close()
+        partial = self.path.with_name(self.path.name + ".partial")
+        os.replace(self._tmp, partial)
+        return partial
+
+    def discard(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+        self._tmp.unlink(missing_ok=True)

@@ -21,7 +21,8 @@ from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_inde
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import clean_pairs, describe_drops, iter_parallel, plain_paths, read_parallel, resolve_format
 from nmt.errors import NMTError
-from nmt.tokenizer import Tokenizer, tokenizer_paths, train_or_load_tokenizers
+from nmt.rundir import RunDir
+from nmt.tokenizer import Tokenizer, train_or_load_tokenizers
 
 
 @dataclass
@@ -54,10 +55,6 @@ class Prepared:
     dev_src: list[str]  # raw text, for BLEU
     dev_trg: list[str]
     dev: EncodedCorpus
-
-
-def train_data_dir(run_dir: Path) -> Path:
-    return run_dir / "data" / "train"
 
 
 def _corpus_files(spec: CorpusConfig, src_lang: str, trg_lang: str) -> list[Path]:
@@ -109,21 +106,19 @@ def _train_side(cfg: Config, side: int) -> Iterator[str]:
         yield from clean_pairs(*chunk)[side]
 
 
-def _tokenizers(cfg: Config, run_dir: Path) -> tuple[Tokenizer, Tokenizer]:
+def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
-    trained = all(p.exists() for p in tokenizer_paths(run_dir, cfg.tokenizer.joint, d.src_lang, d.trg_lang))
+    paths = run.tokenizer_paths(cfg)
     # Only a tokenizer still to train reads the corpus here: a resumed run does not touch it.
-    if not trained and next(_train_side(cfg, 0), None) is None:
+    if not all(p.exists() for p in paths) and next(_train_side(cfg, 0), None) is None:
         raise _empty_corpus("train", d.train)
-    return train_or_load_tokenizers(
-        cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), run_dir, d.src_lang, d.trg_lang
-    )
+    return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths)
 
 
-def _binarized_train(cfg: Config, run_dir: Path, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
+def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
     d = cfg.data
-    directory = train_data_dir(run_dir)
+    directory = run.train_data_dir
     tok_paths = sorted({src_tok.model_path, trg_tok.model_path})
     fingerprint = _fingerprint(cfg, tok_paths)
     index = read_index(directory)
@@ -154,8 +149,10 @@ def _binarized_train(cfg: Config, run_dir: Path, src_tok: Tokenizer, trg_tok: To
     return ShardedCorpus(directory)
 
 
-def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
-    (run_dir / "data").mkdir(parents=True, exist_ok=True)
+def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
+    """The run's tokenizers, training shards and dev set: made by the run's writer, then found
+    complete and only opened by everyone else (the other ranks of a torchrun job)."""
+    run.train_data_dir.parent.mkdir(parents=True, exist_ok=True)
     if cfg.data.synthetic:
         from nmt.synthetic import write_synthetic_corpus
 
@@ -167,9 +164,10 @@ def prepare(cfg: Config, run_dir: Path, log: Callable[[str], None]) -> Prepared:
             seed=cfg.data.synthetic_seed,
         )
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
-    src_tok, trg_tok = _tokenizers(cfg, run_dir)
-    train = _binarized_train(cfg, run_dir, src_tok, trg_tok, log)
-    dev = _encode(src_tok, trg_tok, dev_src, dev_trg, cfg.model.max_positions - 1)
+    src_tok, trg_tok = _tokenizers(cfg, run)
+    train = _binarized_train(cfg, run, src_tok, trg_tok, log)
+    limit = None if cfg.model.max_positions is None else cfg.model.max_positions - 1
+    dev = _encode(src_tok, trg_tok, dev_src, dev_trg, limit)
     return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, dev)
 
 

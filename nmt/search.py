@@ -1,9 +1,11 @@
 """Greedy and beam search over any ``Seq2Seq`` (through init_state / decode_step / reorder_state).
 
 Conventions shared by both searches:
-- Output lengths count generated tokens, the final EOS included; a sentence may use at most
-  ``max_len`` decoding steps. A hypothesis without EOS by then is returned as it stands.
-- Returned token ids carry neither BOS nor EOS.
+- Both take the same per-sentence limit ``max_len`` (``max_output_lengths``): a sentence may use
+  at most that many decoding steps, the final EOS included. A hypothesis without EOS by then is
+  returned as it stands.
+- They return ``Hypothesis`` objects: token ids without BOS or EOS, the summed log-probability
+  and the number of steps taken.
 - Scores are log-probabilities from a log_softmax in fp32, whatever dtype the model computes in;
   only the few that can matter per row are kept (``top_log_probs``).
 - Both run under no_grad rather than inference_mode, so that autocast can cache its
@@ -15,11 +17,25 @@ Conventions shared by both searches:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
 from nmt.loss import fp32_block_rows
 from nmt.models.base import Seq2Seq
+
+
+@dataclass
+class Hypothesis:
+    """One output sentence of a search."""
+
+    tokens: list[int]  # without BOS and EOS
+    log_prob: float  # sum over the steps of log p(y_t | y_<t, x), the EOS step included
+    steps: int  # decoding steps taken: len(tokens) + 1 when it ended with EOS
+
+    def score(self, length_penalty: float) -> float:
+        """The length-normalised score beam search ranks by: log_prob / steps ** length_penalty."""
+        return self.log_prob / self.steps**length_penalty
 
 
 def max_output_lengths(src_mask: torch.Tensor, a: float, b: float) -> torch.Tensor:
@@ -65,47 +81,65 @@ def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tu
     return top_scores, top_idx // width, ids.view(n, K * width).gather(1, top_idx)
 
 
-def _strip_eos(ids: list[int], eos_id: int) -> list[int]:
-    return ids[:-1] if ids and ids[-1] == eos_id else ids
+def _hypothesis(ids: list[int], log_prob: float, eos_id: int) -> Hypothesis:
+    """``ids`` as generated (EOS last if it ended) -> a Hypothesis without the EOS."""
+    ended = bool(ids) and ids[-1] == eos_id
+    return Hypothesis(ids[:-1] if ended else ids, log_prob, len(ids))
+
+
+# ---------------------------------------------------------------------------- greedy
 
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq,
-    src: torch.Tensor,
-    src_mask: torch.Tensor,
-    max_len: torch.Tensor | int,
-    bos_id: int,
-    eos_id: int,
-) -> list[list[int]]:
+    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, bos_id: int, eos_id: int
+) -> list[Hypothesis]:
     """Arg-max decoding: y_t = argmax_y log p(y | y_<t, x), until EOS or ``max_len`` steps.
 
-    src, src_mask (B, S); max_len an int or a (B,) tensor of per-sentence limits.
-    Returns B lists of token ids (without BOS/EOS).
+    src, src_mask (B, S); max_len (B,) per-sentence step limits (``max_output_lengths``).
     """
     B, device = src.shape[0], src.device
-    limit = torch.as_tensor(max_len, device=device).long().expand(B).clone()  # (n,)
+    limit = max_len.to(device).long()  # (n,)
     state = model.init_state(model.encode(src, src_mask))
     alive = torch.arange(B, device=device)  # (n,) original sentence of each row
     tokens = torch.full((B,), bos_id, dtype=torch.long, device=device)  # (n,)
+    log_prob = torch.zeros(B, device=device)  # (n,)
     history = tokens.new_empty(B, 0)  # (n, t)
-    out: list[list[int]] = [[] for _ in range(B)]
+    out: list[Hypothesis | None] = [None] * B
     for t in range(int(limit.max())):
         logits, state = model.decode_step(tokens, state)  # (n, V)
-        tokens = logits.argmax(dim=-1)  # (n,): log_softmax keeps each row's order, no need to normalise
+        best, ids = top_log_probs(logits, 1)  # (n, 1): the arg-max and its log-probability
+        tokens = ids[:, 0]
+        log_prob += best[:, 0]
         history = torch.cat([history, tokens[:, None]], dim=1)
         done = (tokens == eos_id) | (limit <= t + 1)
         if not bool(done.any()):
             continue
         done_rows = done.nonzero().squeeze(1)
-        for i, ids in zip(alive[done_rows].tolist(), history[done_rows].tolist()):
-            out[i] = _strip_eos(ids, eos_id)
+        for i, ids_, lp in zip(alive[done_rows].tolist(), history[done_rows].tolist(), log_prob[done_rows].tolist()):
+            out[i] = _hypothesis(ids_, lp, eos_id)
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
         state = model.reorder_state(state, keep)
-        alive, tokens, history, limit = alive[keep], tokens[keep], history[keep], limit[keep]
-    return out
+        alive, tokens, history, limit, log_prob = (x[keep] for x in (alive, tokens, history, limit, log_prob))
+    return out  # type: ignore[return-value]  # every sentence finished by its limit
+
+
+# ---------------------------------------------------------------------------- beam
+
+
+@dataclass
+class _Beams:
+    """The K alive hypotheses of each of the n unfinished sentences, as one batch of n*K rows."""
+
+    sentence: list[int]  # (n,) original index of each unfinished sentence
+    scores: torch.Tensor  # (n, K) summed log-probabilities; -inf for a beam not yet alive
+    tokens: torch.Tensor  # (n*K,) last token of each beam
+    history: torch.Tensor  # (n*K, t) tokens so far
+    limit: torch.Tensor  # (n,) step limit of each sentence
+    bar: torch.Tensor  # (n,) K-th best finished normalised score; -inf while fewer than K have finished
+    state: object  # the model's decoder state, n*K rows
 
 
 @torch.no_grad()
@@ -113,98 +147,112 @@ def beam_search(
     model: Seq2Seq,
     src: torch.Tensor,
     src_mask: torch.Tensor,
+    max_len: torch.Tensor,
     beam_size: int,
     length_penalty: float,
-    max_len_a: float,
-    max_len_b: float,
     bos_id: int,
     eos_id: int,
-    pad_id: int,
     nbest: int = 1,
-) -> list[list[tuple[list[int], float]]]:
-    """Batched beam search; per sentence the ``nbest`` best (token ids, score), best first.
+) -> list[list[Hypothesis]]:
+    """Batched beam search; per sentence its ``nbest`` best hypotheses, best first.
 
-    The K = beam_size hypotheses of all n unfinished sentences form one batch of n*K rows.
-    Each step, per sentence, the 2K best continuations of its K beams are taken
-    (``best_continuations``); those among the best K that end in EOS are finished, the best K
-    others stay alive.
-
-    Score of a finished hypothesis y of |y| tokens (EOS included):
-        score(y) = sum_t log p(y_t | y_<t, x) / |y| ** length_penalty
-    A sentence is done when it has K finished hypotheses and its best alive one, scored as if
-    it ended now (its current length), does not beat the K-th best finished one (exact for
-    length_penalty 0, since log-probabilities only decrease), or when it reaches
-    max_len = floor(a * src_len + b) steps: its alive hypotheses then join the finished ones,
-    scored by their own length. beam_size 1 reproduces ``greedy_search``. ``pad_id`` is unused
-    (kept for a uniform signature: hypotheses are lists, never padded).
+    Each step, per sentence (Koehn, "Statistical Machine Translation", ch. 6; Wu et al., 2016):
+      1. expand: score every continuation y of every alive beam h: score(h) + log p(y | h, x),
+         and keep the sentence's 2K best (``best_continuations``);
+      2. finish: those among the best K that end in EOS become finished hypotheses, ranked by
+         score(y) = sum_t log p(y_t | y_<t, x) / |y| ** length_penalty, |y| counting the EOS;
+      3. prune: the best K others are the new alive beams;
+      4. stop: a sentence is done when it has K finished hypotheses and its best alive one,
+         scored as if it ended now, does not beat the K-th best finished one (exact for
+         length_penalty 0, since log-probabilities only decrease), or when it reaches its
+         ``max_len`` steps: its alive beams then join the finished ones as they stand.
+    Done sentences leave the batch. beam_size 1 reproduces ``greedy_search``.
     """
-    del pad_id
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest {nbest} must be between 1 and beam_size {beam_size}")
     B, K, device = src.shape[0], beam_size, src.device
     state = model.init_state(model.encode(src, src_mask))
-    state = model.reorder_state(state, torch.arange(B, device=device).repeat_interleave(K))  # n*K rows
-
-    limit = max_output_lengths(src_mask, max_len_a, max_len_b)  # (n,)
-    sent = list(range(B))  # original index of each unfinished sentence
-    scores = torch.full((B, K), -math.inf, device=device)  # (n, K) summed log-probs of alive beams
+    scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand at step 0
-    tokens = torch.full((B * K,), bos_id, dtype=torch.long, device=device)  # (n*K,) last token
-    history = tokens.new_empty(B * K, 0)  # (n*K, t) tokens so far
-    bar = torch.full((B,), -math.inf, device=device)  # (n,) K-th best finished score; -inf while < K
-    finished: list[list[tuple[float, list[int]]]] = [[] for _ in range(B)]
-    results: list[list[tuple[list[int], float]]] = [[] for _ in range(B)]
-    cand_rank = torch.arange(2 * K, device=device)  # (2K,)
-
+    beams = _Beams(
+        sentence=list(range(B)),
+        scores=scores,
+        tokens=torch.full((B * K,), bos_id, dtype=torch.long, device=device),
+        history=torch.empty(B * K, 0, dtype=torch.long, device=device),
+        limit=max_len.to(device).long(),
+        bar=torch.full((B,), -math.inf, device=device),
+        state=model.reorder_state(state, torch.arange(B, device=device).repeat_interleave(K)),
+    )
+    finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]  # (norm. score, log p, ids)
+    results: list[list[Hypothesis]] = [[] for _ in range(B)]
     t = 0
-    while sent:
-        n = len(sent)
-        logits, state = model.decode_step(tokens, state)  # (n*K, V)
-        top_scores, top_beam, top_tok = best_continuations(scores, logits, 2 * K)  # (n, 2K), best first
-        base = torch.arange(n, device=device)[:, None] * K  # (n, 1) first row of each sentence
+    while beams.sentence:
+        logits, beams.state = model.decode_step(beams.tokens, beams.state)  # (n*K, V)
+        top_scores, top_beam, top_tok = best_continuations(beams.scores, logits, 2 * K)  # (n, 2K)
         norm = float(t + 1) ** length_penalty
-
-        # Finish: EOS among the best K candidates.
-        is_eos = top_tok == eos_id  # (n, 2K)
-        norm_scores = top_scores[:, :K] / norm  # (n, K)
-        hits = (is_eos[:, :K] & (top_scores[:, :K] > -math.inf)).nonzero()  # (h, 2): sentence, rank
-        if hits.numel():
-            hit_rows = (base[:, 0][hits[:, 0]] + top_beam[hits[:, 0], hits[:, 1]]).tolist()
-            hit_scores = norm_scores[hits[:, 0], hits[:, 1]].tolist()
-            hit_sents = hits[:, 0].tolist()
-            for i, row, score in zip(hit_sents, hit_rows, hit_scores):
-                finished[sent[i]].append((score, history[row].tolist()))
-            for i in set(hit_sents):
-                kept = sorted((s for s, _ in finished[sent[i]]), reverse=True)
-                if len(kept) >= K:
-                    bar[i] = kept[K - 1]
-
-        # Continue: the best K candidates that are not EOS (stable: EOS ranks after all others).
-        pick = (is_eos.long() * (2 * K) + cand_rank[: is_eos.shape[1]]).topk(K, dim=1, largest=False).indices
-        scores = top_scores.gather(1, pick)  # (n, K)
-        rows = (base + top_beam.gather(1, pick)).view(-1)  # (n*K,) parent row of each new beam
-        tokens = top_tok.gather(1, pick).view(-1)
-        history = torch.cat([history.index_select(0, rows), tokens[:, None]], dim=1)
-
-        at_limit = limit <= t + 1  # (n,)
-        done = at_limit | (scores[:, 0] / norm <= bar)
-        if bool(done.any()):
-            for i in done.nonzero().squeeze(1).tolist():
-                hyps = finished[sent[i]]
-                if at_limit[i]:
-                    alive_scores = (scores[i] / norm).tolist()
-                    alive_ids = history[i * K : (i + 1) * K].tolist()
-                    hyps += [(s, ids) for s, ids in zip(alive_scores, alive_ids) if s > -math.inf]
-                hyps.sort(key=lambda h: -h[0])  # stable: among equal scores, finished ones first
-                results[sent[i]] = [(_strip_eos(ids, eos_id), s) for s, ids in hyps[:nbest]]
-                finished[sent[i]] = []
-            keep = (~done).nonzero().squeeze(1)  # (n',)
-            sent = [sent[i] for i in keep.tolist()]
-            rows = rows.view(n, K)[keep].view(-1)
-            scores, bar, limit = scores[keep], bar[keep], limit[keep]
-            tokens = tokens.view(n, K)[keep].view(-1)
-            history = history.view(n, K, -1)[keep].flatten(0, 1)
-        if sent:
-            state = model.reorder_state(state, rows)
+        _finish(beams, finished, top_scores, top_beam, top_tok, norm, K, eos_id)
+        rows = _prune(beams, top_scores, top_beam, top_tok, K, eos_id)
+        rows = _retire_done(beams, finished, results, rows, t, norm, K, nbest, eos_id)
+        if beams.sentence:
+            beams.state = model.reorder_state(beams.state, rows)
         t += 1
     return results
+
+
+def _finish(beams: _Beams, finished: list, top_scores, top_beam, top_tok, norm: float, K: int, eos_id: int) -> None:
+    """Step 2: candidates among each sentence's best K that end in EOS join its finished list."""
+    is_eos = top_tok[:, :K] == eos_id  # (n, K)
+    hits = (is_eos & (top_scores[:, :K] > -math.inf)).nonzero()  # (h, 2): sentence, rank
+    if not hits.numel():
+        return
+    first_row = torch.arange(len(beams.sentence), device=top_tok.device) * K  # (n,)
+    rows = (first_row[hits[:, 0]] + top_beam[hits[:, 0], hits[:, 1]]).tolist()
+    log_probs = top_scores[hits[:, 0], hits[:, 1]].tolist()
+    sentences = hits[:, 0].tolist()
+    for i, row, lp in zip(sentences, rows, log_probs):
+        finished[beams.sentence[i]].append((lp / norm, lp, beams.history[row].tolist() + [eos_id]))
+    for i in set(sentences):
+        kept = sorted((s for s, _, _ in finished[beams.sentence[i]]), reverse=True)
+        if len(kept) >= K:
+            beams.bar[i] = kept[K - 1]
+
+
+def _prune(beams: _Beams, top_scores, top_beam, top_tok, K: int, eos_id: int) -> torch.Tensor:
+    """Step 3: the best K candidates that do not end in EOS become the alive beams (stable: EOS
+    ranks after all others). Returns the parent row of each new beam, (n*K,)."""
+    n, width = top_tok.shape
+    rank = torch.arange(width, device=top_tok.device)
+    pick = ((top_tok == eos_id).long() * width + rank).topk(K, dim=1, largest=False).indices  # (n, K)
+    first_row = torch.arange(n, device=top_tok.device)[:, None] * K  # (n, 1)
+    rows = (first_row + top_beam.gather(1, pick)).view(-1)
+    beams.scores = top_scores.gather(1, pick)
+    beams.tokens = top_tok.gather(1, pick).view(-1)
+    beams.history = torch.cat([beams.history.index_select(0, rows), beams.tokens[:, None]], dim=1)
+    return rows
+
+
+def _retire_done(
+    beams: _Beams, finished: list, results: list, rows: torch.Tensor, t: int, norm: float, K: int, nbest: int, eos_id
+) -> torch.Tensor:
+    """Step 4: sentences that are done leave the batch with their ``nbest`` best hypotheses.
+    Returns the rows of the decoder state the remaining beams continue."""
+    n = len(beams.sentence)
+    at_limit = beams.limit <= t + 1  # (n,)
+    done = at_limit | (beams.scores[:, 0] / norm <= beams.bar)
+    if not bool(done.any()):
+        return rows
+    for i in done.nonzero().squeeze(1).tolist():
+        hyps = finished[beams.sentence[i]]
+        if at_limit[i]:
+            alive_log_probs = beams.scores[i].tolist()
+            alive_ids = beams.history[i * K : (i + 1) * K].tolist()
+            hyps += [(lp / norm, lp, ids) for lp, ids in zip(alive_log_probs, alive_ids) if lp > -math.inf]
+        hyps.sort(key=lambda h: -h[0])  # stable: among equal scores, finished ones first
+        results[beams.sentence[i]] = [_hypothesis(ids, lp, eos_id) for _, lp, ids in hyps[:nbest]]
+        finished[beams.sentence[i]] = []
+    keep = (~done).nonzero().squeeze(1)  # (n',)
+    beams.sentence = [beams.sentence[i] for i in keep.tolist()]
+    beams.scores, beams.bar, beams.limit = beams.scores[keep], beams.bar[keep], beams.limit[keep]
+    beams.tokens = beams.tokens.view(n, K)[keep].view(-1)
+    beams.history = beams.history.view(n, K, -1)[keep].flatten(0, 1)
+    return rows.view(n, K)[keep].view(-1)

@@ -10,14 +10,26 @@ import itertools
 import os
 import re
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import sentencepiece as spm
 
-from nmt.config import TokenizerConfig
 from nmt.errors import NMTError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+
+
+@dataclass
+class TokenizerConfig:
+    """The ``tokenizer:`` section: how SentencePiece is trained."""
+
+    type: Literal["unigram", "bpe"] = "unigram"
+    vocab_size: int = 8000
+    joint: bool = True  # one model for both languages (needed to tie src/trg embeddings)
+    character_coverage: float = 1.0
+    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece
 
 
 class Tokenizer:
@@ -85,17 +97,10 @@ class Tokenizer:
 # --------------------------------------------------------------------------- file layout
 
 
-def tokenizer_paths(out_dir: Path, joint: bool, src_lang: str, trg_lang: str) -> tuple[Path, Path]:
-    """Model files for (source, target): the same file twice for a joint vocabulary."""
-    if joint:
-        return out_dir / "spm.model", out_dir / "spm.model"
-    return out_dir / f"spm.{src_lang}.model", out_dir / f"spm.{trg_lang}.model"
-
-
-def load_tokenizers(out_dir: str | Path, joint: bool, src_lang: str, trg_lang: str) -> tuple[Tokenizer, Tokenizer]:
-    src_path, trg_path = tokenizer_paths(Path(out_dir), joint, src_lang, trg_lang)
+def load_tokenizers(src_path: Path, trg_path: Path) -> tuple[Tokenizer, Tokenizer]:
+    """Source and target tokenizers; one object twice when both paths name one joint model."""
     src = Tokenizer.load(src_path)
-    return src, (src if joint else Tokenizer.load(trg_path))
+    return src, (src if src_path == trg_path else Tokenizer.load(trg_path))
 
 
 # --------------------------------------------------------------------------- training
@@ -161,17 +166,15 @@ def train_or_load_tokenizers(
     cfg: TokenizerConfig,
     src_lines: Iterable[str],
     trg_lines: Iterable[str],
-    out_dir: Path,
-    src_lang: str,
-    trg_lang: str,
+    src_path: Path,
+    trg_path: Path,
 ) -> tuple[Tokenizer, Tokenizer]:
-    """Reuse the model file(s) in ``out_dir`` if present, else train them from the given text.
+    """Reuse the model file(s) if present, else train them from the given text: one joint model
+    from both sides when ``src_path == trg_path``, else one per side.
 
     The text may be a lazy stream: SentencePiece samples ``input_sentence_size`` sentences from it.
     """
-    out_dir = Path(out_dir)
-    src_path, trg_path = tokenizer_paths(out_dir, cfg.joint, src_lang, trg_lang)
-    if cfg.joint:
+    if src_path == trg_path:
         if not src_path.exists():
             _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path)
         joint = Tokenizer.load(src_path)

@@ -1,8 +1,17 @@
-"""Translation: load a finished run, batch sentences by length, search, detokenize in input order."""
+"""Translation: load a finished run, batch sentences by length, search, detokenize in input order.
+
+Input is read and translated window by window (``input_windows``), so output appears as soon as a
+window is done: a line typed at a terminal is answered at once, a large file never sits in memory
+whole, and an interrupted command keeps what it finished.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import os
+import random
+import select
+import sys
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -10,12 +19,14 @@ import torch
 
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
-from nmt.config import Config, DecodeConfig, load_config
+from nmt.config import DecodeConfig
+from nmt.corpus import iter_lines
 from nmt.device import Precision, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
-from nmt.search import beam_search, greedy_search
+from nmt.rundir import RunDir
+from nmt.search import Hypothesis, beam_search, greedy_search, max_output_lengths
 from nmt.tokenizer import Tokenizer, load_tokenizers
 
 
@@ -45,38 +56,39 @@ class Translator:
         src_ids: list[list[int]],
         decode: DecodeConfig,
         progress: Callable[[int], None] | None = None,
-    ) -> list[list[tuple[list[int], float]]]:
-        """N-best (ids, score) per sentence, in input order."""
+    ) -> list[list[Hypothesis]]:
+        """The n-best hypotheses of each sentence, best first, in input order."""
         was_training = self.model.training
         self.model.eval()
         tok = self.trg_tok
-        results: list[list[tuple[list[int], float]]] = [[] for _ in src_ids]
+        results: list[list[Hypothesis]] = [[] for _ in src_ids]
         max_src = max_source_length(self.model.max_positions, decode)
         src_ids = [s[:max_src] for s in src_ids]
         lengths = [len(s) for s in src_ids]
         # no_grad, not inference_mode: autocast keeps its bf16 copy of each weight for the whole
         # call only outside inference mode; otherwise every step casts every weight again.
+        # Batches come sorted by length; taken in a fixed shuffled order, the progress bar's rate
+        # (and its ETA) is that of the whole input from the start, not of the shortest sentences.
+        batches = sentence_batches(lengths, decode.batch_tokens)
+        random.Random(0).shuffle(batches)
         with torch.no_grad(), self.precision.autocast():
-            for rows in sentence_batches(lengths, decode.batch_tokens):
+            for rows in batches:
                 batch = make_batch([src_ids[i] for i in rows], None, rows, tok.pad_id, tok.bos_id, tok.eos_id)
                 batch = batch.to(self.device)
+                limit = max_output_lengths(batch.src_mask, decode.max_len_a, decode.max_len_b)
                 if decode.beam_size == 1 and decode.nbest == 1:
-                    src_len = batch.src_mask.sum(1) - 1
-                    max_len = (decode.max_len_a * src_len.float() + decode.max_len_b).long()
-                    hyps = greedy_search(self.model, batch.src, batch.src_mask, max_len, tok.bos_id, tok.eos_id)
-                    nbest = [[(h, 0.0)] for h in hyps]
+                    found = greedy_search(self.model, batch.src, batch.src_mask, limit, tok.bos_id, tok.eos_id)
+                    nbest = [[h] for h in found]
                 else:
                     nbest = beam_search(
                         self.model,
                         batch.src,
                         batch.src_mask,
+                        limit,
                         beam_size=max(decode.beam_size, decode.nbest),
                         length_penalty=decode.length_penalty,
-                        max_len_a=decode.max_len_a,
-                        max_len_b=decode.max_len_b,
                         bos_id=tok.bos_id,
                         eos_id=tok.eos_id,
-                        pad_id=tok.pad_id,
                         nbest=decode.nbest,
                     )
                 for row, hyps in zip(rows, nbest):
@@ -90,54 +102,142 @@ class Translator:
         self, lines: list[str], decode: DecodeConfig, progress: Callable[[int], None] | None = None
     ) -> list[list[str]]:
         """Detokenized n-best translations per input line, in input order; a blank line stays blank."""
+        return [[text for text, _ in hyps] for hyps in self.translate_scored(lines, decode, progress)]
+
+    def translate_scored(
+        self, lines: list[str], decode: DecodeConfig, progress: Callable[[int], None] | None = None
+    ) -> list[list[tuple[str, Hypothesis | None]]]:
+        """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
+        (one empty translation, no hypothesis)."""
         filled = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.src_tok.encode([lines[i] for i in filled])
         nbest = self.translate_ids(src_ids, decode, progress)
-        texts = iter(self.trg_tok.decode([ids for hyps in nbest for ids, _ in hyps]))
-        out: list[list[str]] = [[""] for _ in lines]
+        texts = iter(self.trg_tok.decode([h.tokens for hyps in nbest for h in hyps]))
+        out: list[list[tuple[str, Hypothesis | None]]] = [[("", None)] for _ in lines]
         for i, hyps in zip(filled, nbest):
-            out[i] = [next(texts) for _ in hyps]
+            out[i] = [(next(texts), h) for h in hyps]
         return out
 
 
-def load_run_config(run_dir: Path) -> Config:
-    if not run_dir.exists():
-        raise NMTError(f"{run_dir}: no such run directory")
-    if not run_dir.is_dir():
-        raise NMTError(f"{run_dir}: is not a directory (expected a run directory made by 'nmt train')")
-    path = run_dir / "config.yaml"
-    if not path.exists():
-        raise NMTError(f"{run_dir}: not a run directory (no config.yaml): train one with 'nmt train --config FILE'")
-    return load_config(path)
+WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneous batches
+
+
+def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
+    """The input's lines in consecutive windows. Standard input yields what has arrived whenever
+    it pauses (an interactive user gets each line answered); a file yields full windows. Only
+    ``\n`` ends a line, as in the corpus readers."""
+    if path is not None:
+        window: list[str] = []
+        for line in iter_lines(path):
+            window.append(line)
+            if len(window) == lines_per_window:
+                yield window
+                window = []
+        if window:
+            yield window
+        return
+    yield from _stdin_windows(lines_per_window)
+
+
+def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests, embedding): read it whole
+        data = sys.stdin.buffer.read()
+        if data:
+            yield _split(data, 0)
+        return
+    pending, window, lines_before = b"", [], 0
+    while True:
+        # Block only when there is nothing to translate; otherwise translate what has arrived.
+        if window and (len(window) >= lines_per_window or not select.select([fd], [], [], 0)[0]):
+            yield window
+            lines_before += len(window)
+            window = []
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            window += _split(pending[:cut], lines_before + len(window))
+            pending = pending[cut + 1 :]
+    if pending:
+        window += _split(pending, lines_before + len(window))
+    if window:
+        yield window
+
+
+def _split(data: bytes, lines_before: int) -> list[str]:
+    """Complete lines of ``data`` (no final newline), decoded; a one-line error names a bad line."""
+    if lines_before == 0 and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before + data.count(b"\n", 0, e.start) + 1
+        raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+def nbest_lines(index: int, hyps: list[tuple[str, Hypothesis | None]], length_penalty: float) -> list[str]:
+    """Moses/Marian n-best lines: ``INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE``: the model score
+    (the summed log-probabilities of the tokens, EOS included) and the length-normalised score
+    LOGPROB / length ** length_penalty that ranks them; index 0-based, best first."""
+    out = []
+    for text, h in hyps:
+        log_prob, score = (0.0, 0.0) if h is None else (h.log_prob, h.score(length_penalty))
+        out.append(f"{index} ||| {text} ||| F0= {log_prob:.5f} ||| {score:.5f}")
+    return out
+
+
+def translate_stream(
+    translator: Translator,
+    windows: Iterator[list[str]],
+    decode: DecodeConfig,
+    write: Callable[[list[str]], None],
+    progress: Callable[[int], None] | None = None,
+) -> int:
+    """Translate window after window, handing each window's output lines to ``write`` in input
+    order as soon as it is done (n-best lines with ``decode.nbest`` > 1); returns the lines read."""
+    done = 0
+    for window in windows:
+        scored = translator.translate_scored(window, decode, progress)
+        if decode.nbest > 1:
+            lines = [out for i, hyps in enumerate(scored) for out in nbest_lines(done + i, hyps, decode.length_penalty)]
+        else:
+            lines = [hyps[0][0] for hyps in scored]
+        write(lines)
+        done += len(window)
+    return done
 
 
 def load_translator(
-    run_dir: Path,
+    run: RunDir,
     device_name: str = "auto",
     precision_name: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Translator:
-    """Load a run's best checkpoint (or, failing that, its latest) for translation.
+    """A run's best checkpoint (or, failing that, its latest), ready to translate.
 
     Precision, attention kernel and threads are the run's ``train`` settings (``precision_name``
     overrides the first); where they say auto, the choice is the one ``nmt train`` measured and
-    cached on this machine for this model, or is measured now the same way.
+    cached on this machine for this model, or is measured now the same way. Only reads the run.
     """
-    cfg = load_run_config(run_dir)
-    manager = checkpoint.CheckpointManager(run_dir / "checkpoints", cfg.train.keep_last, cfg.train.keep_best)
-    path = manager.best_path()
-    if path is None:
-        latest = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
-        if not latest:
-            raise NMTError(f"{run_dir}: the run has no checkpoint yet: it is not a finished run")
-        path = latest[0].path
-    payload = checkpoint.load(path)
-    src_tok, trg_tok = load_tokenizers(run_dir, cfg.tokenizer.joint, cfg.data.src_lang, cfg.data.trg_lang)
+    cfg = run.config()
+    path = run.model_checkpoint(cfg)
+    src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
     device = select_device(device_name, key="--device")
     if device.type == "cpu":
         prepare_cpu_process()
     if precision_name is not None:
         check_precision(precision_name, device.type, bf16_available(device), key="--precision")
+    payload = checkpoint.load(path)
+    model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
+    run.check_checkpoint(path, payload, cfg, model)
+    model.load_state_dict(payload["model"])
     request = autotune.Request.from_train(cfg.train, precision_name)
     choice = autotune.choose(
         request, cfg.model, trg_tok.vocab_size, cfg.train.max_tokens, cfg.data.max_len, device, log or _quiet
@@ -145,8 +245,6 @@ def load_translator(
     autotune.apply_threads(choice)
     if log is not None and choice.timings:
         log("auto: " + choice.describe())
-    model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
-    model.load_state_dict(payload["model"])
     model.set_attention_kernel(choice.attention)
     model.to(device).eval()
     return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision))

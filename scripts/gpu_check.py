@@ -34,8 +34,10 @@ import torch  # noqa: E402
 from nmt import bench  # noqa: E402
 from nmt.config import apply_overrides, config_from_dict, read_yaml  # noqa: E402
 from nmt.device import cpu_has_bf16  # noqa: E402
+from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import bleu_only  # noqa: E402
-from nmt.training import Trainer  # noqa: E402
+from nmt.trainer import Trainer  # noqa: E402
+from nmt.training import run  # noqa: E402
 from nmt.translate import load_translator  # noqa: E402
 
 AGREE_UPDATES = 10
@@ -73,16 +75,17 @@ def demo_config(out: Path, name: str, sets: list[str]):
         f"data.test={data / 'test'}",
         "train.max_minutes=null",
     ]
-    return config_from_dict(apply_overrides(values, base + sets))
+    apply_overrides(values, base + sets)
+    return config_from_dict(values, ROOT / "configs")
 
 
 def train_run(cfg) -> tuple[Trainer, list[dict], float]:
     """Train ``cfg`` from scratch; the trainer (closed), its per-update metrics, and seconds."""
     shutil.rmtree(cfg.run_dir, ignore_errors=True)
-    trainer = Trainer(cfg, Path(cfg.run_dir), quiet)
+    trainer = Trainer(cfg, RunDir(cfg.run_dir), quiet)
     start = time.perf_counter()
     try:
-        trainer.run()
+        run(trainer)
     finally:
         trainer.close()
     seconds = time.perf_counter() - start
@@ -191,7 +194,7 @@ def check_beam(report: Report, run_dir: Path, device: str) -> None:
     src = (run_dir.parent / "demo-data" / "test.src").read_text(encoding="utf-8").splitlines()
     ref = (run_dir.parent / "demo-data" / "test.trg").read_text(encoding="utf-8").splitlines()
     decode = cfg.decode
-    gpu = load_translator(run_dir, device, "fp32")
+    gpu = load_translator(RunDir.existing(run_dir), device, "fp32")
     gpu.translate(src[:16], decode)  # warm-up
     start = time.perf_counter()
     batched = [h[0] for h in gpu.translate(src, decode)]
@@ -199,7 +202,7 @@ def check_beam(report: Report, run_dir: Path, device: str) -> None:
         torch.cuda.synchronize()
     seconds = time.perf_counter() - start
     one_by_one = [h[0] for h in gpu.translate(src, decode.__class__(**{**vars(decode), "batch_tokens": 1}))]
-    cpu = [h[0] for h in load_translator(run_dir, "cpu", "fp32").translate(src, decode)]
+    cpu = [h[0] for h in load_translator(RunDir.existing(run_dir), "cpu", "fp32").translate(src, decode)]
     same_batched = sum(a == b for a, b in zip(batched, one_by_one)) / len(src)
     same_cpu = sum(a == b for a, b in zip(batched, cpu)) / len(src)
     bleu = bleu_only(batched, ref)
@@ -227,7 +230,8 @@ def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
     if quick:
         sets += ["model.d_model=64", "model.ff_size=128", "model.encoder_layers=1", "model.decoder_layers=1"]
         sets += ["train.max_tokens=2048", "tokenizer.vocab_size=160"]
-    cfg = config_from_dict(apply_overrides(values, sets))
+    apply_overrides(values, sets)
+    cfg = config_from_dict(values, ROOT / "configs")
     updates, warmup = (3, 1) if quick else (40, 10)
     result = bench.run_bench(cfg, None, updates, warmup, 64 if quick else None, print)
     report.figures["bench"] = result

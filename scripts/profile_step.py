@@ -36,12 +36,12 @@ def main() -> int:
     cuda = trainer.device.type == "cuda"
     groups = update_groups(trainer, args.warmup + args.updates)
     for group in groups[: args.warmup]:
-        trainer._update(group)
+        trainer.train_step(group)
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
     start = time.perf_counter()
     with profile(activities=activities) as prof:
         for group in groups[args.warmup :]:
-            trainer._update(group)
+            trainer.train_step(group)
         if cuda:
             torch.cuda.synchronize()
     wall = (time.perf_counter() - start) / args.updates

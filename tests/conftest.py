@@ -38,6 +38,13 @@ def write_corpus(directory: Path, name: str, pairs) -> Path:
     return directory / name
 
 
+def _tiny_model(model_type: str) -> dict:
+    common = {"type": model_type, "d_model": 64, "encoder_layers": 1, "decoder_layers": 1, "dropout": 0.0}
+    if model_type == "rnn":
+        return {**common, "rnn_hidden": 64, "attention": "general"}
+    return {**common, "ff_size": 128, "heads": 4, "norm": "pre"}
+
+
 def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Path:
     prefix = write_corpus(tmp_path / "data", "train", PAIRS)
     cfg = {
@@ -45,18 +52,7 @@ def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Pat
         "seed": 3,
         "data": {"src_lang": "de", "trg_lang": "en", "train": str(prefix), "dev": str(prefix), "test": str(prefix)},
         "tokenizer": {"type": "bpe", "vocab_size": 60},
-        "model": {
-            "type": model_type,
-            "d_model": 64,
-            "ff_size": 128,
-            "encoder_layers": 1,
-            "decoder_layers": 1,
-            "heads": 4,
-            "dropout": 0.0,
-            "norm": "pre",
-            "rnn_hidden": 64,
-            "attention": "general",
-        },
+        "model": _tiny_model(model_type),
         "train": {
             "max_tokens": 512,
             "lr_peak": 0.01,

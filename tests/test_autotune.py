@@ -18,10 +18,10 @@ from conftest import tiny_config
 from nmt import autotune
 from nmt.autotune import MARGIN, Request, decide, pick
 from nmt.cli import main
-from nmt.config import ModelConfig
+from nmt.models.transformer import TransformerConfig
 
 CPU = torch.device("cpu")
-SMALL = ModelConfig(d_model=32, ff_size=64, heads=4)
+SMALL = TransformerConfig(d_model=32, ff_size=64, heads=4)
 
 
 # ---------------------------------------------------------------------------- the rules
@@ -158,7 +158,7 @@ HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
 PROBE = """
 import json, time, torch
 from nmt import autotune
-from nmt.config import ModelConfig
+from nmt.models.transformer import TransformerConfig
 from nmt.device import cpu_has_bf16
 
 def gflops(dtype, n=512, seconds=0.3):
@@ -170,7 +170,7 @@ def gflops(dtype, n=512, seconds=0.3):
         calls += 1
     return 2 * n**3 * calls / (time.perf_counter() - start) / 1e9
 
-model = ModelConfig(d_model=256, ff_size=1024, heads=4, norm="pre")  # the Multi30k benchmark's shapes
+model = TransformerConfig(d_model=256, ff_size=1024, heads=4, norm="pre")  # the Multi30k benchmark's shapes
 shape = autotune.tuning_shape(model, 8000, 4096, 128, "cpu")
 choice = autotune.measure(autotune.Request(threads=2), shape, torch.device("cpu"))
 bf16 = cpu_has_bf16()

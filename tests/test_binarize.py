@@ -16,7 +16,8 @@ from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
 from nmt.errors import NMTError
-from nmt.prepare import prepare, train_data_dir
+from nmt.prepare import prepare
+from nmt.rundir import RunDir
 from nmt.tokenizer import Tokenizer
 
 WORDS = "der die das hund katze haus sieht läuft schnell klein groß alt neu ein eine kind".split()
@@ -59,7 +60,7 @@ def _direct_encoding(cfg, tok: Tokenizer):
 def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
     cfg = _config(tmp_path, 950, workers=workers)
     lines = []
-    data = prepare(cfg, Path(cfg.run_dir), lines.append)
+    data = prepare(cfg, RunDir(cfg.run_dir), lines.append)
     corpus = data.train
     src_ids, trg_ids = _direct_encoding(cfg, data.src_tok)
     assert len(corpus) == len(src_ids) and len(src_ids) < 950  # both filters dropped something
@@ -70,7 +71,7 @@ def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
     # Random access across shard boundaries, in any order.
     rows = [len(corpus) - 1, 0, 99, 100, 101, 555]
     assert [s.tolist() for s in corpus.pairs(rows)[0]] == [src_ids[i] for i in rows]
-    directory = train_data_dir(Path(cfg.run_dir))
+    directory = RunDir(cfg.run_dir).train_data_dir
     index = json.loads((directory / bz.INDEX).read_text())
     assert len(index["shards"]) == 10 and index["dtype"] == "uint16"
     # The shards are plain .npy files: a memory map of one holds its pairs' ids back to back.
@@ -82,7 +83,7 @@ def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
 
 def test_batches_cover_every_pair_once_within_budget(tmp_path):
     cfg = _config(tmp_path, 700)
-    corpus = prepare(cfg, Path(cfg.run_dir), lambda m: None).train
+    corpus = prepare(cfg, RunDir(cfg.run_dir), lambda m: None).train
     for epoch in (1, 2):
         plan = token_batches(corpus.src_lens, corpus.trg_lens, 200, seed=5, epoch=epoch)
         flat = np.concatenate(list(plan))
@@ -95,20 +96,20 @@ def test_batches_cover_every_pair_once_within_budget(tmp_path):
 
 def test_second_preparation_reuses_the_shards(tmp_path):
     cfg = _config(tmp_path, 300)
-    prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
     lines = []
-    prepare(cfg, Path(cfg.run_dir), lines.append)
+    prepare(cfg, RunDir(cfg.run_dir), lines.append)
     assert any("reusing" in line for line in lines)
     # Changing the filter changes the fingerprint: the shards are rebuilt, not reused.
     lines.clear()
-    prepare(replace(cfg, data=replace(cfg.data, max_len=20)), Path(cfg.run_dir), lines.append)
+    prepare(replace(cfg, data=replace(cfg.data, max_len=20)), RunDir(cfg.run_dir), lines.append)
     assert not any("reusing" in line for line in lines)
 
 
 def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
     cfg = _config(tmp_path, 640, workers=1)
     run_dir = Path(cfg.run_dir)
-    directory = train_data_dir(run_dir)
+    directory = RunDir(run_dir).train_data_dir
     real_save = bz._save_npy
 
     def crash_in_shard_3(path, array):
@@ -120,7 +121,7 @@ def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
 
     monkeypatch.setattr(bz, "_save_npy", crash_in_shard_3)
     with pytest.raises(KeyboardInterrupt):
-        prepare(cfg, run_dir, lambda m: None)
+        prepare(cfg, RunDir(run_dir), lambda m: None)
     assert not (directory / bz.INDEX).exists()
     assert (directory / "shard-00003.src.npy").exists() and not (directory / "shard-00003.json").exists()
     with pytest.raises(NMTError, match="not a finished data preparation"):
@@ -131,12 +132,12 @@ def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
     real_encode = bz.encode_shard
     monkeypatch.setattr(bz, "encode_shard", lambda spec, i, *a: calls.append(i) or real_encode(spec, i, *a))
     lines = []
-    resumed = prepare(cfg, run_dir, lines.append).train
+    resumed = prepare(cfg, RunDir(run_dir), lines.append).train
     assert any("3 complete shards kept" in line for line in lines)
     assert calls == [3, 4, 5, 6]  # shards 0-2 were complete and are not encoded again
     assert not any(p.name.startswith(".") for p in directory.iterdir())  # torn temporaries removed
     fresh_cfg = replace(cfg, run_dir=str(tmp_path / "fresh"))
-    fresh = prepare(fresh_cfg, Path(fresh_cfg.run_dir), lambda m: None).train
+    fresh = prepare(fresh_cfg, RunDir(fresh_cfg.run_dir), lambda m: None).train
     rows = range(len(fresh))
     assert len(resumed) == len(fresh)
     assert [s.tolist() for s in resumed.pairs(rows)[1]] == [s.tolist() for s in fresh.pairs(rows)[1]]
@@ -145,8 +146,8 @@ def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
 def test_binarize_resumes_only_unfinished_shards(tmp_path):
     cfg = _config(tmp_path, 450, workers=1)
     run_dir = Path(cfg.run_dir)
-    prepare(cfg, run_dir, lambda m: None)
-    directory = train_data_dir(run_dir)
+    prepare(cfg, RunDir(run_dir), lambda m: None)
+    directory = RunDir(run_dir).train_data_dir
     (directory / bz.INDEX).unlink()
     (directory / "shard-00002.json").unlink()  # as if killed after shard 2's arrays, before its metadata
     calls = []
@@ -161,8 +162,8 @@ def test_binarize_resumes_only_unfinished_shards(tmp_path):
 
 def test_truncated_shard_is_refused_with_its_name(tmp_path):
     cfg = _config(tmp_path, 250)
-    prepare(cfg, Path(cfg.run_dir), lambda m: None)
-    victim = train_data_dir(Path(cfg.run_dir)) / "shard-00001.trg.npy"
+    prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
+    victim = RunDir(cfg.run_dir).train_data_dir / "shard-00001.trg.npy"
     victim.write_bytes(victim.read_bytes()[:-10])
     with pytest.raises(NMTError) as err:
         bz.ShardedCorpus(victim.parent)
@@ -179,7 +180,7 @@ def test_empty_training_corpus_is_one_line_error(tmp_path):
     cfg = _config(tmp_path, 10)
     write_corpus(tmp_path / "data", "train", [(" ", "x"), ("y", "")])
     with pytest.raises(NMTError, match="empty after cleaning"):
-        prepare(cfg, Path(cfg.run_dir), lambda m: None)
+        prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
 
 
 def test_nmt_prepare_then_train_reuses_the_shards(tmp_path, capsys):
@@ -197,12 +198,12 @@ def test_reusing_prepared_shards_does_not_read_the_training_corpus(tmp_path, mon
     import nmt.prepare
 
     cfg = _config(tmp_path, 300)
-    prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
 
     def no_reading(*args, **kwargs):
         raise AssertionError("the training corpus was read again")
 
     monkeypatch.setattr(nmt.prepare, "iter_parallel", no_reading)
     lines = []
-    assert len(prepare(cfg, Path(cfg.run_dir), lines.append).train) > 0
+    assert len(prepare(cfg, RunDir(cfg.run_dir), lines.append).train) > 0
     assert any("reusing" in line for line in lines)

@@ -6,7 +6,7 @@ import pickle
 import pytest
 import torch
 
-from nmt import checkpoint
+from nmt import checkpoint, testhooks
 from nmt.errors import NMTError
 
 
@@ -29,7 +29,7 @@ def test_crash_between_write_and_rename_keeps_previous(tmp_path, monkeypatch):
     def crash(tmp):
         raise OSError(28, "No space left on device")
 
-    monkeypatch.setattr(checkpoint, "_before_rename", crash)
+    monkeypatch.setattr(testhooks, "before_rename", crash)
     with pytest.raises(NMTError, match="could not write checkpoint.*previous one is intact"):
         checkpoint.save(payload(2.0), path)
     assert checkpoint.load(path)["progress"]["update"] == 1
@@ -45,8 +45,16 @@ def test_truncated_checkpoint_detected(tmp_path):
         checkpoint.load(path)
     # Without the sidecar the zip reader must still notice.
     path.with_name(path.name + ".sha256").unlink()
-    with pytest.raises(NMTError, match="unreadable"):
+    with pytest.raises(NMTError, match="not a checkpoint .* damaged"):
         checkpoint.load(path)
+
+
+def test_random_bytes_are_not_called_unsafe(tmp_path):
+    path = tmp_path / "best_00000001.pt"
+    path.write_bytes(os.urandom(4096))
+    with pytest.raises(NMTError) as err:
+        checkpoint.load(path)
+    assert "not a checkpoint (not a PyTorch archive)" in str(err.value) and "Python objects" not in str(err.value)
 
 
 class _Exploit:
@@ -88,8 +96,8 @@ def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
     newest = tmp_path / "update_00000002.pt"
     newest.write_bytes(newest.read_bytes()[:100])
     warnings = []
-    state = m.load_latest_state(warnings.append)
-    assert state["progress"]["update"] == 1
+    path, state = m.load_latest_state(warnings.append)
+    assert state["progress"]["update"] == 1 and path.name == "update_00000001.pt"
     assert len(warnings) == 1 and "update_00000002.pt" in warnings[0]
 
 

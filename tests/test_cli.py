@@ -54,9 +54,13 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
     monkeypatch.setattr(sys, "stdin", stdin)
     code, out, _ = run_cli(["translate", "--model", run, "--nbest", "3"], capsys)
     assert code == 0
-    lines = out.splitlines()
-    assert len(lines) == 3 and all(line.startswith("0\t") for line in lines)
-    assert lines[0] == "0\tthe dog sees the cat"
+    lines = [line.split(" ||| ") for line in out.splitlines()]  # Moses/Marian: INDEX ||| TEXT ||| F0= LP ||| SCORE
+    assert len(lines) == 3 and all(len(f) == 4 and f[0] == "0" and f[2].startswith("F0= ") for f in lines)
+    assert lines[0][1] == "the dog sees the cat"
+    log_probs, scores = [float(f[2][4:]) for f in lines], [float(f[3]) for f in lines]
+    assert scores == sorted(scores, reverse=True) and all(lp < 0 for lp in log_probs)
+    for lp, score in zip(log_probs, scores):  # length penalty 1: score = log p / length, a whole length
+        assert any(abs(lp / n - score) <= 2e-5 for n in range(1, 40)), (lp, score)
 
 
 def test_train_again_resumes_and_stops(trained_run, capsys):

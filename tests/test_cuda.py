@@ -12,11 +12,10 @@ from conftest import tiny_config
 
 from nmt import autotune
 from nmt.cli import main
-from nmt.config import ModelConfig
 from nmt.device import cuda_has_bf16
 from nmt.loss import fp32_block_rows, label_smoothed_nll
-from nmt.models.transformer import Transformer
-from nmt.search import beam_search, greedy_search
+from nmt.models.transformer import Transformer, TransformerConfig
+from nmt.search import beam_search, greedy_search, max_output_lengths
 
 pytestmark = [
     pytest.mark.cuda,
@@ -28,7 +27,7 @@ PAD, BOS, EOS = 0, 1, 2
 
 def _model(seed: int = 0, V: int = 50, **kw) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=64, ff_size=128, encoder_layers=2, decoder_layers=2, heads=4, dropout=0.0, **kw)
+    cfg = TransformerConfig(d_model=64, ff_size=128, encoder_layers=2, decoder_layers=2, heads=4, dropout=0.0, **kw)
     return Transformer(cfg, V, V, PAD).eval()
 
 
@@ -91,13 +90,15 @@ def test_greedy_and_beam_search_on_gpu_find_what_the_cpu_finds():
     """fp32 on both: the same hypotheses, or (where two scores tie to rounding) ones scored the same."""
     model = _model(V=40)
     src, mask = _sources(24, 40)
-    cpu_beam = beam_search(model, src, mask, 5, 1.0, 1.5, 5, BOS, EOS, PAD, nbest=1)
-    cpu_greedy = greedy_search(model, src, mask, 20, BOS, EOS)
+    limit = max_output_lengths(mask, 1.5, 5)
+    cpu_beam = beam_search(model, src, mask, limit, 5, 1.0, BOS, EOS)
+    cpu_greedy = [h.tokens for h in greedy_search(model, src, mask, torch.full_like(limit, 20), BOS, EOS)]
     model.to(GPU)
-    gpu_beam = beam_search(model, src.to(GPU), mask.to(GPU), 5, 1.0, 1.5, 5, BOS, EOS, PAD, nbest=1)
-    gpu_greedy = greedy_search(model, src.to(GPU), mask.to(GPU), 20, BOS, EOS)
+    src, mask, limit = src.to(GPU), mask.to(GPU), limit.to(GPU)
+    gpu_beam = beam_search(model, src, mask, limit, 5, 1.0, BOS, EOS)
+    gpu_greedy = [h.tokens for h in greedy_search(model, src, mask, torch.full_like(limit, 20), BOS, EOS)]
     for cpu_hyps, gpu_hyps in zip(cpu_beam, gpu_beam):
-        assert gpu_hyps[0][1] == pytest.approx(cpu_hyps[0][1], abs=1e-4)  # the best hypothesis' score
+        assert gpu_hyps[0].score(1.0) == pytest.approx(cpu_hyps[0].score(1.0), abs=1e-4)  # the best one's score
     assert sum(a == b for a, b in zip(cpu_greedy, gpu_greedy)) >= len(cpu_greedy) - 1
 
 
@@ -135,7 +136,7 @@ def test_fp16_grad_scaler_on_gpu_skips_an_overflowing_step():
 
 
 def test_autotune_on_gpu_picks_a_half_precision_where_tensor_cores_exist(tmp_path):
-    model = ModelConfig(d_model=512, ff_size=2048, heads=8, norm="pre")
+    model = TransformerConfig(d_model=512, ff_size=2048, heads=8, norm="pre")
     choice = autotune.choose(autotune.Request(), model, 8000, 16384, 128, GPU, print, cache=tmp_path)
     grid = choice.timings["precision/attention"]
     precisions = list(dict.fromkeys(k.split("/")[0] for k in grid))

@@ -19,6 +19,7 @@ from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.distributed import World, share
 from nmt.prepare import prepare
+from nmt.rundir import RunDir
 
 WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
 UPDATES = 6
@@ -59,7 +60,7 @@ def setup(tmp_path_factory):
     config = tiny_config(root, max_updates=UPDATES, validate_every=1000, log_every=1, warmup_updates=2)
     write_corpus(root / "data", "train", _pairs(120))
     cfg = load_config(config)
-    data = prepare(cfg, Path(cfg.run_dir), lambda m: None)
+    data = prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
     for max_tokens in range(60, 200, 4):
         n = len(token_batches(data.train.src_lens, data.train.trg_lens, max_tokens, cfg.seed, 1))
         if n % 2 == 1 and 2 * UPDATES // 2 < n < 2 * UPDATES:  # the epoch ends inside the run

@@ -8,19 +8,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.config import ModelConfig
 from nmt.models.attention import make_attention
-from nmt.models.rnn import RNNSeq2Seq
+from nmt.models.rnn import RNNConfig, RNNSeq2Seq
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 20
 KINDS = ["dot", "general", "mlp"]
 
 
-def tiny_config(**overrides) -> ModelConfig:
+def tiny_config(**overrides) -> RNNConfig:
     values = dict(type="rnn", d_model=12, rnn_hidden=16, encoder_layers=2, decoder_layers=2, dropout=0.1)
     values.update(overrides)
-    return ModelConfig(**values)
+    return RNNConfig(**values)
 
 
 def make_model(seed: int = 0, **overrides) -> RNNSeq2Seq:

@@ -5,10 +5,16 @@ import math
 import pytest
 import torch
 
-from nmt.config import ModelConfig
 from nmt.models.base import Seq2Seq
-from nmt.models.transformer import Transformer
-from nmt.search import beam_search, best_continuations, greedy_search, max_output_lengths, top_log_probs
+from nmt.models.transformer import Transformer, TransformerConfig
+from nmt.search import (
+    Hypothesis,
+    beam_search,
+    best_continuations,
+    greedy_search,
+    max_output_lengths,
+    top_log_probs,
+)
 
 PAD, BOS, EOS, V = 0, 1, 2, 17
 
@@ -25,7 +31,7 @@ class EosBiased(Transformer):
 
 def make(seed, eos_bias=1.5):
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, dropout=0.0)
+    cfg = TransformerConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, dropout=0.0)
     model = EosBiased(cfg, V, V, PAD).eval()
     model.eos_bias = eos_bias
     return model
@@ -51,7 +57,13 @@ def sequence_logprob(model, src, mask, ids, finished):
 
 
 def beam(model, src, mask, k, lp=1.0, a=1.2, b=4, nbest=1):
-    return beam_search(model, src, mask, k, lp, a, b, BOS, EOS, PAD, nbest=nbest)
+    """(tokens, length-normalised score) of each sentence's n best."""
+    out = beam_search(model, src, mask, max_output_lengths(mask, a, b), k, lp, BOS, EOS, nbest=nbest)
+    return [[(h.tokens, h.score(lp)) for h in hyps] for hyps in out]
+
+
+def greedy_tokens(model, src, mask, limits):
+    return [h.tokens for h in greedy_search(model, src, mask, torch.as_tensor(limits).expand(src.shape[0]), BOS, EOS)]
 
 
 def test_beam_size_one_is_greedy():
@@ -62,6 +74,8 @@ def test_beam_size_one_is_greedy():
             src, mask = sources(seed)
             limits = max_output_lengths(mask, 1.2, 4)
             greedy = greedy_search(model, src, mask, limits, BOS, EOS)
+            assert all(isinstance(h, Hypothesis) for h in greedy)
+            greedy = [h.tokens for h in greedy]
             for lp in (0.0, 1.0):
                 assert [hyps[0][0] for hyps in beam(model, src, mask, 1, lp=lp)] == greedy
             lengths += [(len(g), n) for g, n in zip(greedy, limits.tolist())]
@@ -73,7 +87,7 @@ def test_beam_scores_are_model_logprobs_and_beat_greedy(seed):
     model = make(seed, eos_bias=0.5)
     src, mask = sources(seed)
     limits = max_output_lengths(mask, 1.2, 4).tolist()
-    greedy = greedy_search(model, src, mask, max_output_lengths(mask, 1.2, 4), BOS, EOS)
+    greedy = greedy_tokens(model, src, mask, max_output_lengths(mask, 1.2, 4))
     best = beam(model, src, mask, 4, lp=0.0)
     for i in range(src.shape[0]):
         n = int(mask[i].sum())
@@ -119,9 +133,8 @@ def test_max_length_respected_without_eos():
         assert len(hyps) == 3
     out = beam(model, src, mask, 3, a=0.5, b=2)
     assert [len(h[0][0]) for h in out] == limits
-    greedy = greedy_search(model, src, mask, torch.tensor(limits), BOS, EOS)
-    assert [len(g) for g in greedy] == limits
-    assert [len(g) for g in greedy_search(model, src, mask, 2, BOS, EOS)] == [2] * 4
+    assert [len(g) for g in greedy_tokens(model, src, mask, limits)] == limits
+    assert [len(g) for g in greedy_tokens(model, src, mask, 2)] == [2] * 4
 
 
 def test_max_output_lengths_excludes_source_eos():
@@ -200,13 +213,13 @@ def test_oracle_beam_finds_what_greedy_misses():
     model = Oracle()
     src = torch.tensor([[5, 5, 5, EOS]] * 2)
     mask = src != PAD
-    assert greedy_search(model, src, mask, 6, BOS, EOS) == [[A] * 6] * 2
+    assert greedy_tokens(model, src, mask, 6) == [[A] * 6] * 2
     for lp in (0.0, 1.0):
-        out = beam_search(model, src, mask, 2, lp, 0.0, 6, BOS, EOS, PAD, nbest=2)
+        out = beam(model, src, mask, 2, lp, 0.0, 6, nbest=2)
         for hyps in out:
             (ids, score), (ids2, score2) = hyps
             assert ids == [B_]
             assert score == pytest.approx(math.log(0.4 * 0.95) / 2**lp, rel=1e-5)
             assert score2 < score
-    one = beam_search(model, src, mask, 1, 0.0, 0.0, 6, BOS, EOS, PAD)
+    one = beam(model, src, mask, 1, 0.0, 0.0, 6)
     assert [h[0][0] for h in one] == [[A] * 6] * 2  # beam 1 is greedy, misses it too

@@ -9,13 +9,14 @@ from conftest import tiny_config
 
 from nmt.config import load_config
 from nmt.errors import NMTError
-from nmt.training import Trainer
+from nmt.rundir import RunDir
+from nmt.trainer import Trainer
 
 
 def make_trainer(tmp_path: Path, **train) -> Trainer:
     cfg = load_config(tiny_config(tmp_path, **train))
-    trainer = Trainer(cfg, Path(cfg.run_dir), lambda message: None)
-    trainer._setup()
+    trainer = Trainer(cfg, RunDir(cfg.run_dir), lambda message: None)
+    trainer.setup()
     return trainer
 
 
@@ -25,13 +26,13 @@ def test_accumulated_update_equals_one_large_batch(tmp_path):
     start_optim = copy.deepcopy(trainer.optimizer.state_dict())
     rows_a, rows_b = [0, 1, 2], [3, 4, 5, 6, 7]
 
-    trainer._update([rows_a, rows_b])
+    trainer.train_step([rows_a, rows_b])
     accumulated = {n: p.grad.clone() for n, p in trainer.model.named_parameters()}
 
     trainer.model.load_state_dict(start_model)
     trainer.optimizer.load_state_dict(start_optim)
     trainer.progress.update = 0
-    trainer._update([rows_a + rows_b])
+    trainer.train_step([rows_a + rows_b])
     # Gradients, not parameters: Adam's first step, lr * g / |g|, would amplify rounding noise.
     for name, param in trainer.model.named_parameters():
         assert torch.allclose(param.grad, accumulated[name], atol=1e-6, rtol=1e-4), name
@@ -45,10 +46,10 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path):
         trainer.model.trg_embed.weight[5] = float("nan")  # poisons every sentence that uses token 5
     poisoned = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     rows = list(range(8))
-    assert trainer._update([rows]) is None
+    assert trainer.train_step([rows]) is None
     assert trainer.progress.update == 0 and trainer.progress.skipped_updates == 1
     for name, tensor in trainer.model.state_dict().items():  # nothing was stepped
         assert torch.equal(tensor, poisoned[name]) or torch.isnan(tensor).any(), name
     with pytest.raises(NMTError, match="diverged: 2 non-finite updates in a row"):
-        trainer._update([rows])
+        trainer.train_step([rows])
     assert before  # the healthy weights existed before the poisoning

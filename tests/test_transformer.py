@@ -4,9 +4,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.config import ModelConfig
 from nmt.models import build_model
-from nmt.models.transformer import Transformer, subsequent_mask
+from nmt.models.transformer import Transformer, TransformerConfig, subsequent_mask
 
 PAD, BOS, EOS, V = 0, 1, 2, 23
 
@@ -16,7 +15,7 @@ KERNELS = ["sdpa", "explicit"]
 
 def make(norm="post", seed=0, kernel="sdpa", **kw) -> Transformer:
     torch.manual_seed(seed)
-    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, norm=norm, **kw)
+    cfg = TransformerConfig(d_model=32, ff_size=64, encoder_layers=2, decoder_layers=2, heads=4, norm=norm, **kw)
     model = Transformer(cfg, V, V, PAD).eval()
     model.set_attention_kernel(kernel)
     return model
@@ -187,7 +186,7 @@ def test_tying_shares_storage():
     n_tied, n_untied = tied.num_parameters(), untied.num_parameters()
     assert n_untied - n_tied == 2 * V * 32  # one embedding and one output matrix saved
     with pytest.raises(ValueError):
-        Transformer(ModelConfig(d_model=32, heads=4, tie_embeddings=True), V, V + 1, PAD)
+        Transformer(TransformerConfig(d_model=32, heads=4, tie_embeddings=True), V, V + 1, PAD)
 
 
 def test_tied_output_gradient_reaches_embedding():
@@ -220,7 +219,7 @@ def test_learned_positions_variant():
 
 
 def test_build_model_and_flops():
-    cfg = ModelConfig(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4)
+    cfg = TransformerConfig(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4)
     model = build_model(cfg, V, V, PAD)
     assert isinstance(model, Transformer)
     d, f = 32, 64

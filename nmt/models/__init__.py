@@ -1,19 +1,19 @@
-"""Model registry: ``model.type`` in the config -> a ``Seq2Seq``."""
+"""Model registry: ``model.type`` in the config -> its config class and its ``Seq2Seq``."""
 
 from __future__ import annotations
 
-from nmt.config import ModelConfig
 from nmt.models.base import Seq2Seq
+from nmt.models.rnn import RNNConfig, RNNSeq2Seq
+from nmt.models.transformer import Transformer, TransformerConfig
+
+ModelConfig = TransformerConfig | RNNConfig
+MODEL_CONFIGS: dict[str, type] = {"transformer": TransformerConfig, "rnn": RNNConfig}
 
 
 def build_model(cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int) -> Seq2Seq:
-    """Construct the model named by ``cfg.type`` (weights freshly initialised)."""
-    if cfg.type == "transformer":
-        from nmt.models.transformer import Transformer
-
+    """Construct the model ``cfg`` describes (weights freshly initialised)."""
+    if isinstance(cfg, TransformerConfig):
         return Transformer(cfg, src_vocab_size, trg_vocab_size, pad_id)
-    if cfg.type == "rnn":
-        from nmt.models.rnn import RNNSeq2Seq
-
+    if isinstance(cfg, RNNConfig):
         return RNNSeq2Seq(cfg, src_vocab_size, trg_vocab_size, pad_id)
-    raise ValueError(f"unknown model type {cfg.type!r} (expected 'transformer' or 'rnn')")
+    raise TypeError(f"no model for config {type(cfg).__name__}")

@@ -52,3 +52,12 @@ class Seq2Seq(nn.Module):
     def reorder_state(self, state: Any, index: torch.Tensor) -> Any:
         """Select rows of every tensor in the state (beam reordering, finished sentences leaving)."""
         raise NotImplementedError
+
+    def num_parameters(self) -> int:
+        """Trainable parameters, each shared (tied) tensor counted once."""
+        return sum(p.numel() for p in self.parameters() if p.requires_grad)
+
+    def flops_per_token(self, src_len: float, trg_len: float) -> float:
+        """Approximate training FLOPs (forward + backward) per target token, for sentence pairs of
+        ``src_len`` and ``trg_len`` tokens: what utilisation against a matmul peak is computed from."""
+        raise NotImplementedError

@@ -21,14 +21,42 @@ feeding (h̃_{t-1} must exist before step t), or over all T positions in one cal
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import ClassVar, Literal
 
 import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from nmt.config import ModelConfig
+from nmt.errors import NMTError
 from nmt.models.attention import make_attention
 from nmt.models.base import Seq2Seq
+from nmt.models.dropout import Dropout
+
+
+@dataclass
+class RNNConfig:
+    """The ``model:`` section of a config with ``type: rnn``."""
+
+    type: Literal["rnn"] = "rnn"
+    d_model: int = 256  # embedding size
+    rnn_cell: Literal["lstm", "gru"] = "lstm"
+    rnn_hidden: int = 512
+    rnn_bidirectional: bool = True  # encoder only; the decoder runs left to right
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    attention: Literal["dot", "general", "bilinear", "mlp", "additive"] = "mlp"
+    input_feeding: bool = True  # feed the previous attentional vector into the next step (Luong et al.)
+    dropout: float = 0.1
+    tie_embeddings: bool = True  # share source and target embeddings (joint vocabulary)
+    tie_output: bool = True  # output layer shares the target embedding matrix
+    max_positions: ClassVar[int | None] = None  # a recurrence has no length limit
+
+    def check(self) -> None:
+        if self.attention == "dot" and self.rnn_bidirectional:
+            raise NMTError(
+                "config key 'model.attention': 'dot' needs equal query and key sizes; "
+                "use 'general' or 'mlp' with a bidirectional encoder, or set model.rnn_bidirectional: false"
+            )
 
 
 @dataclass
@@ -84,9 +112,9 @@ def run_packed(rnn: nn.RNNBase, x: torch.Tensor, mask: torch.Tensor):
 class RNNSeq2Seq(Seq2Seq):
     """LSTM/GRU encoder-decoder with attention, input feeding and optional tied embeddings."""
 
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
+    def __init__(self, cfg: RNNConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
         super().__init__()
-        self.pad_id = pad_id
+        self.cfg, self.pad_id = cfg, pad_id
         self.hidden_size = cfg.rnn_hidden
         self.cell_type = cfg.rnn_cell
         self.input_feeding = cfg.input_feeding
@@ -106,7 +134,7 @@ class RNNSeq2Seq(Seq2Seq):
             self.trg_embed = self.src_embed
         else:
             self.trg_embed = nn.Embedding(trg_vocab_size, emb, padding_idx=pad_id)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
 
         self.encoder = rnn_class(
             emb,
@@ -149,9 +177,33 @@ class RNNSeq2Seq(Seq2Seq):
             with torch.no_grad():
                 table.weight[self.pad_id].zero_()
 
-    def num_parameters(self) -> int:
-        """Distinct parameters (tied matrices counted once)."""
-        return sum(p.numel() for p in self.parameters())
+    def flops_per_token(self, src_len: float, trg_len: float) -> float:
+        """Approximate training FLOPs per target token for sentence pairs of these lengths.
+
+        6 x multiply-accumulates (forward + backward), with g = 4 gates (LSTM) or 3 (GRU),
+        E the embedding size, H the hidden size, H_enc = directions * H, V the vocabulary:
+          encoder, per source token:  sum over layers and directions of g H (input + H)
+          attention keys, per source token:  H_enc H (general, mlp; none for dot)
+          decoder, per target token:  sum over layers of g H (input + H), input E (+ H with input feeding)
+          attention, per target token:  S H (scores) + S H_enc (context) (+ H^2 for mlp's query)
+          combine + output:  (H + H_enc) H + [H E] + E V     ([H E] when the output goes through E)
+          bridge, per sentence:  layers x H_enc H (x2 for LSTM)
+        Source-side costs are spread over the T target tokens of the pair (factor S/T).
+        """
+        c, S, T = self.cfg, float(src_len), float(trg_len)
+        g = 4 if c.rnn_cell == "lstm" else 3
+        E, H = c.d_model, c.rnn_hidden
+        D = 2 if c.rnn_bidirectional else 1
+        H_enc = D * H
+        enc = sum(D * g * H * ((E if layer == 0 else H_enc) + H) for layer in range(c.encoder_layers))
+        keys = 0 if c.attention == "dot" else H_enc * H
+        dec_in = E + (H if c.input_feeding else 0)
+        dec = sum(g * H * ((dec_in if layer == 0 else H) + H) for layer in range(c.decoder_layers))
+        att = S * H + S * H_enc + (H * H if c.attention in ("mlp", "additive") else 0)
+        out = (H + H_enc) * H + (H * E if isinstance(self.out_proj, nn.Linear) else 0)
+        out += self.generator.in_features * self.generator.out_features
+        bridge = c.decoder_layers * H_enc * H * (2 if c.rnn_cell == "lstm" else 1)
+        return 6.0 * ((enc + keys) * S / T + dec + att + out + bridge / T)
 
     # ---- encoder ----
 

@@ -22,14 +22,40 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nmt.config import ModelConfig
+from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
-from nmt.models.dropout import Dropout
+from nmt.models.dropout import Dropout, dropout
+
+
+@dataclass
+class TransformerConfig:
+    """The ``model:`` section of a config with ``type: transformer``."""
+
+    type: Literal["transformer"] = "transformer"
+    d_model: int = 256
+    ff_size: int = 1024
+    encoder_layers: int = 3
+    decoder_layers: int = 3
+    heads: int = 4
+    dropout: float = 0.1  # on embeddings and on every sublayer's output
+    attention_dropout: float = 0.0  # on the attention weights
+    activation_dropout: float = 0.0  # after the feed-forward ReLU
+    norm: Literal["post", "pre"] = "post"  # post-norm as in Vaswani et al.; pre-norm trains more easily
+    positions: Literal["sinusoidal", "learned"] = "sinusoidal"
+    max_positions: int = 1024  # longest source or target, in subwords with EOS/BOS
+    tie_embeddings: bool = True  # share source and target embeddings (joint vocabulary)
+    tie_output: bool = True  # output projection shares the target embedding matrix
+
+    def check(self) -> None:
+        if self.d_model % self.heads:
+            raise NMTError(f"config key 'model.heads': d_model {self.d_model} is not divisible by {self.heads} heads")
+
 
 # ---------------------------------------------------------------------------- small pure helpers
 
@@ -86,7 +112,7 @@ def attention(
     k: torch.Tensor,
     v: torch.Tensor,
     mask: torch.Tensor | None = None,
-    dropout: float = 0.0,
+    dropout_p: float = 0.0,
     causal: bool = False,
     kernel: str = "sdpa",
 ) -> torch.Tensor:
@@ -98,7 +124,7 @@ def attention(
     training at NMT's short lengths), so ``auto`` measures it (nmt/autotune.py).
     """
     if kernel == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout, is_causal=causal)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
     scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
     if causal:
         Tq, Tk = scores.shape[-2:]
@@ -107,8 +133,8 @@ def attention(
     if mask is not None:
         scores = scores.masked_fill(~mask, float("-inf"))
     weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    if dropout > 0.0:
-        weights = F.dropout(weights, dropout, training=True)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
     return weights @ v
 
 
@@ -178,15 +204,16 @@ class CrossAttention(nn.Module):
 
 
 class FeedForward(nn.Module):
-    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied at every position."""
+    """FFN(x) = max(0, x W_1 + b_1) W_2 + b_2, applied at every position (dropout after the ReLU, if any)."""
 
-    def __init__(self, d_model: int, ff_size: int):
+    def __init__(self, d_model: int, ff_size: int, activation_dropout: float = 0.0):
         super().__init__()
         self.up = nn.Linear(d_model, ff_size)
         self.down = nn.Linear(ff_size, d_model)
+        self.drop = Dropout(activation_dropout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down(F.relu(self.up(x)))
+        return self.down(self.drop(F.relu(self.up(x))))
 
 
 class Residual(nn.Module):
@@ -249,11 +276,11 @@ def group_size(rows: torch.Tensor, n: int) -> int:
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
         self.attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_size)
+        self.ff = FeedForward(cfg.d_model, cfg.ff_size, cfg.activation_dropout)
         self.res_attn = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ff = Residual(cfg.d_model, cfg.dropout, pre)
 
@@ -263,12 +290,12 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: TransformerConfig):
         super().__init__()
         pre = cfg.norm == "pre"
         self.self_attn = SelfAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
         self.cross_attn = CrossAttention(cfg.d_model, cfg.heads, cfg.attention_dropout)
-        self.ff = FeedForward(cfg.d_model, cfg.ff_size)
+        self.ff = FeedForward(cfg.d_model, cfg.ff_size, cfg.activation_dropout)
         self.res_self = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_cross = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ff = Residual(cfg.d_model, cfg.dropout, pre)
@@ -301,7 +328,7 @@ class DecoderLayer(nn.Module):
 
 
 class Transformer(Seq2Seq):
-    def __init__(self, cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
+    def __init__(self, cfg: TransformerConfig, src_vocab_size: int, trg_vocab_size: int, pad_id: int):
         super().__init__()
         if cfg.d_model % cfg.heads:
             raise ValueError(f"d_model {cfg.d_model} is not divisible by {cfg.heads} heads")
@@ -419,10 +446,6 @@ class Transformer(Seq2Seq):
         return DecoderState(memory_kv, mask, rows, group, state.self_kv, self_index, state.step)
 
     # -- accounting
-
-    def num_parameters(self) -> int:
-        """Trainable parameters, each shared tensor counted once."""
-        return sum(p.numel() for p in self.parameters() if p.requires_grad)
 
     def flops_per_token(self, src_len: float, trg_len: float) -> float:
         """Approximate training FLOPs per target token for sentence pairs of these lengths.

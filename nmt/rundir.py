@@ -1,0 +1,285 @@
+"""The run directory: its layout, who may write what in it, the training lock, and the checks that
+its config, tokenizer and checkpoints belong together.
+
+    RUN_DIR/
+      config.yaml                 the run's resolved config (every default filled in)
+      spm.model | spm.SRC.model, spm.TRG.model    SentencePiece model(s)
+      data/train/                 binarized training shards
+      checkpoints/                update_N.pt (training state), best_N.pt, index.json
+      metrics.jsonl, train.log, dev.hyp, tensorboard/
+      train.lock                  held by the one 'nmt train' writing the run
+
+Only the process holding the lock (``nmt train`` / ``nmt prepare``, rank 0 under torchrun) writes,
+renames or deletes anything here. Readers (translate, eval-bleu, compare, plot, bench, export)
+open a run with ``RunDir.existing`` and only read.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from nmt.config import Config, config_to_dict, config_yaml, load_config
+from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
+
+CONFIG = "config.yaml"
+_HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
+
+# Sections whose change makes a checkpoint unusable; everything else may change on resume.
+_FROZEN_SECTIONS = ("model", "tokenizer")
+_FROZEN_DATA_KEYS = ("src_lang", "trg_lang")
+
+
+class RunLock:
+    """An advisory lock on ``path`` (flock): held while the process lives, released by the kernel
+    when it dies, however it dies, so a stale lock never blocks a resume. On a shared file system
+    (NFS) Linux maps flock to the server's byte-range locks, so it excludes other machines too.
+    The file names the holder (host and pid) for the error a second trainer gets."""
+
+    def __init__(self, path: Path):
+        self.path = path
+        self._fd: int | None = None
+
+    def acquire(self, run_dir: Path, warn: Callable[[str], None]) -> None:
+        try:
+            import fcntl
+        except ImportError:  # not POSIX
+            warn(f"{run_dir}: cannot lock the run directory on this system; do not train it twice at once")
+            return
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise NMTError(
+                f"{run_dir}: another 'nmt train' is training this run ({holder}); "
+                "wait for it to finish or stop it, or use another run_dir"
+            ) from None
+        except OSError as e:  # a file system without locks
+            os.close(fd)
+            warn(f"{run_dir}: cannot lock the run directory ({e.strerror}); do not train it twice at once")
+            return
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n".encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        """Unlock; the file stays (removing it would let two processes lock different files)."""
+        if self._fd is not None:
+            os.ftruncate(self._fd, 0)
+            os.close(self._fd)  # closing releases the flock
+            self._fd = None
+
+
+def check_resumable(old: Config, new: Config) -> None:
+    """Refuse a config whose model or vocabulary differs from the one the run was trained with."""
+    a, b = config_to_dict(old), config_to_dict(new)
+    diffs = []
+    for section in _FROZEN_SECTIONS:
+        for key in sorted(set(a[section]) | set(b[section])):
+            if a[section].get(key) != b[section].get(key):
+                diffs.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
+    for key in _FROZEN_DATA_KEYS:
+        if a["data"][key] != b["data"][key]:
+            diffs.append(f"data.{key}: {a['data'][key]!r} -> {b['data'][key]!r}")
+    if diffs:
+        raise NMTError(
+            "cannot resume: the config changed what the checkpoint was trained with ("
+            + "; ".join(diffs)
+            + "); use a new run_dir"
+        )
+
+
+def file_sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+class RunDir:
+    """One run directory. ``RunDir(path)`` names it; ``existing`` opens a finished or running run
+    for reading; ``open_for_training`` makes the calling process its one writer."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        self._lock = RunLock(self.path / "train.lock")
+        self.writable = False
+
+    # -- layout
+
+    @property
+    def config_path(self) -> Path:
+        return self.path / CONFIG
+
+    @property
+    def checkpoint_dir(self) -> Path:
+        return self.path / "checkpoints"
+
+    @property
+    def train_data_dir(self) -> Path:
+        return self.path / "data" / "train"
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.path / "metrics.jsonl"
+
+    @property
+    def log_path(self) -> Path:
+        return self.path / "train.log"
+
+    @property
+    def dev_hyp_path(self) -> Path:
+        return self.path / "dev.hyp"
+
+    @property
+    def tensorboard_dir(self) -> Path:
+        return self.path / "tensorboard"
+
+    def tokenizer_paths(self, cfg: Config) -> tuple[Path, Path]:
+        """The SentencePiece model file(s): one joint ``spm.model``, or one per language."""
+        if cfg.tokenizer.joint:
+            return self.path / "spm.model", self.path / "spm.model"
+        return self.path / f"spm.{cfg.data.src_lang}.model", self.path / f"spm.{cfg.data.trg_lang}.model"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # -- reading
+
+    @classmethod
+    def existing(cls, path: str | Path) -> RunDir:
+        """A run directory that 'nmt train' made; a one-line error for anything else."""
+        run = cls(path)
+        if not run.path.exists():
+            raise NMTError(f"{run.path}: no such run directory")
+        if not run.path.is_dir():
+            raise NMTError(f"{run.path}: is not a directory (expected a run directory made by 'nmt train')")
+        if not run.config_path.exists():
+            raise NMTError(f"{run.path}: not a run directory (no {CONFIG}): train one with 'nmt train --config FILE'")
+        return run
+
+    def config(self) -> Config:
+        return load_config(self.config_path)
+
+    def checkpoints(self, cfg: Config):
+        """The run's checkpoints; only the writer may clean up after a process that died mid-write."""
+        from nmt.checkpoint import CheckpointManager
+
+        return CheckpointManager(
+            self.checkpoint_dir, cfg.train.keep_last, cfg.train.keep_best, clean=self.writable, create=self.writable
+        )
+
+    def model_checkpoint(self, cfg: Config) -> Path:
+        """The checkpoint to translate with: the best by dev BLEU, else the latest."""
+        from nmt import checkpoint
+
+        path = self.checkpoints(cfg).best_path()
+        if path is None:
+            latest = checkpoint.list_checkpoints(self.checkpoint_dir, "update")
+            if not latest:
+                raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
+            path = latest[0].path
+        return path
+
+    def model_files(self, cfg: Config) -> list[Path]:
+        """The files translating with the run reads: no command may write over them."""
+        files = [self.config_path, *set(self.tokenizer_paths(cfg))]
+        return files + [info.path for kind in ("best", "update") for info in _list_checkpoints(self, kind)]
+
+    def fingerprint(self, cfg: Config) -> dict:
+        """What a checkpoint records of the files it was trained with, to be matched on load."""
+        src, trg = self.tokenizer_paths(cfg)
+        return {
+            "model": config_to_dict(cfg)["model"],
+            "tokenizer": {p.name: file_sha256(p) for p in (src, trg) if p.exists()},
+        }
+
+    def check_checkpoint(self, path: Path, payload: dict, cfg: Config, model) -> None:
+        """Refuse, naming what differs, a checkpoint that does not belong with this run's config.yaml
+        and SentencePiece model(s): it would load wrongly or fail with a size mismatch."""
+        recorded = payload.get("fingerprint")
+        where = f"{path}: does not match the run directory's {CONFIG} and SentencePiece model(s)"
+        if recorded is not None:
+            now = self.fingerprint(cfg)
+            for key in sorted(set(recorded["model"]) | set(now["model"])):
+                was, is_ = recorded["model"].get(key), now["model"].get(key)
+                if was != is_:
+                    raise NMTError(f"{where}: model.{key} is {was!r} in the checkpoint, {is_!r} in {CONFIG}")
+            for name, digest in recorded["tokenizer"].items():
+                if now["tokenizer"].get(name) != digest:
+                    raise NMTError(f"{where}: {name} is not the SentencePiece model it was trained with")
+        expected = model.state_dict()
+        for name, tensor in payload["model"].items():
+            if name not in expected:
+                raise NMTError(f"{where}: it has a parameter {name} the model of {CONFIG} lacks")
+            if tuple(tensor.shape) != tuple(expected[name].shape):
+                raise NMTError(
+                    f"{where}: {name} has shape {list(tensor.shape)} in the checkpoint, "
+                    f"{list(expected[name].shape)} from {CONFIG} and the vocabulary"
+                )
+        missing = sorted(set(expected) - set(payload["model"]))
+        if missing:
+            raise NMTError(f"{where}: the checkpoint lacks {missing[0]}")
+
+    # -- writing
+
+    def open_for_training(self, cfg: Config, config_file: Path | None, log: Callable[[str], None]) -> None:
+        """Make this process the run's one writer: create the directory, take the lock, refuse a
+        config that cannot resume the run, and record the resolved config.
+
+        The config a user wrote is never rewritten: ``run_dir`` may not be the directory of the
+        config file given, unless that file is the run's own resolved config (a resume).
+        """
+        if config_file is not None and not _written_by_nmt(config_file):
+            if config_file.absolute().parent == self.path.absolute():
+                raise NMTError(
+                    f"{config_file}: run_dir is this config file's own directory; 'nmt train' writes the run's "
+                    f"files there ({CONFIG} among them) and never rewrites a config you wrote: "
+                    "set run_dir to a directory of its own, e.g. runs/NAME"
+                )
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise NMTError(f"{self.path}: cannot create run directory ({e.strerror})") from None
+        if not os.access(self.path, os.W_OK):
+            raise NMTError(f"{self.path}: run directory is not writable")
+        self._lock.acquire(self.path, log)
+        self.writable = True
+        if self.config_path.exists():
+            if not _written_by_nmt(self.config_path) and not self._is_earlier_run():
+                raise NMTError(
+                    f"{self.config_path}: exists and was not written by 'nmt train'; move it or choose another run_dir"
+                )
+            check_resumable(self.config(), cfg)
+        self.write_config(cfg)
+
+    def write_config(self, cfg: Config) -> None:
+        """The resolved config, with ``run_dir: .`` (the directory it lies in): the run can move."""
+        text = config_yaml(cfg, run_dir=".", header=_HEADER)
+        atomic_write_bytes(self.config_path, text.encode("utf-8"))
+
+    def close(self) -> None:
+        self._lock.release()
+        self.writable = False
+
+    def _is_earlier_run(self) -> bool:
+        """A run of an earlier version, whose config.yaml has no header yet."""
+        return self.checkpoint_dir.is_dir() or self.metrics_path.exists()
+
+
+def _list_checkpoints(run: RunDir, kind: str) -> list:
+    from nmt.checkpoint import list_checkpoints
+
+    return list_checkpoints(run.checkpoint_dir, kind)
+
+
+def _written_by_nmt(path: Path) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.readline() == _HEADER
+    except (OSError, UnicodeDecodeError):
+        return False

@@ -1,0 +1,47 @@
+"""The places where tests reach into a running process, all here so production code shows them.
+
+- ``NMT_TEST_KILL_BEFORE_RENAME=N``: a training process SIGKILLs itself during its N-th write of
+  a training-state checkpoint, after the temporary file is complete and before the rename (the
+  fault-injection tests). In-process tests set ``before_rename`` to a callable instead.
+- ``NMT_TEST_PARAM_DIGESTS=DIR``: each rank appends a SHA-256 of its weights to ``DIR/rankR.txt``
+  after every update (the data-parallel equivalence test).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import signal
+from collections.abc import Callable
+from pathlib import Path
+
+KILL_BEFORE_RENAME = "NMT_TEST_KILL_BEFORE_RENAME"
+PARAM_DIGESTS = "NMT_TEST_PARAM_DIGESTS"
+
+before_rename: Callable[[Path], None] | None = None  # set by in-process tests
+_state_writes = 0  # training-state checkpoints written by this process, for KILL_BEFORE_RENAME
+
+
+def checkpoint_before_rename(tmp: Path) -> None:
+    """Called by every checkpoint write between the complete temporary file and its rename."""
+    global _state_writes
+    if before_rename is not None:
+        before_rename(tmp)
+    target = os.environ.get(KILL_BEFORE_RENAME)
+    if target and re.match(r"\.update_\d{8}\.pt\.tmp", tmp.name):
+        _state_writes += 1
+        if _state_writes == int(target):
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+def trace_parameters(model, rank: int, update: int) -> None:
+    """After each update: with PARAM_DIGESTS set, append a digest of ``model``'s weights."""
+    directory = os.environ.get(PARAM_DIGESTS)
+    if not directory:
+        return
+    digest = hashlib.sha256()
+    for tensor in model.state_dict().values():
+        digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+    with open(Path(directory) / f"rank{rank}.txt", "a", encoding="utf-8") as f:
+        f.write(f"{update} {digest.hexdigest()}\n")

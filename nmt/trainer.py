@@ -1,0 +1,375 @@
+"""The Trainer: one model with its optimizer, data and run directory, and the four things a
+training loop asks of them (``setup``, ``train_step``, ``validate``, ``save``). The loop itself
+(stopping rules, logging, validation cadence, signals) is ``nmt.training.train``.
+
+One update (``train_step``) is teacher forcing with label-smoothed cross-entropy over a group of
+batches, gradient clipping and one AdamW step at the scheduled learning rate. Under torchrun the
+group is shared out among the ranks and gradients are averaged by DistributedDataParallel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import random
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields, replace
+
+import numpy as np
+import torch
+
+from nmt import autotune, checkpoint, distributed, testhooks
+from nmt.batching import BatchPlan, derived_seed, make_batch, token_batches
+from nmt.config import Config
+from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
+from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
+from nmt.loss import label_smoothed_nll
+from nmt.models import build_model
+from nmt.prepare import EncodedCorpus, Prepared, prepare
+from nmt.rundir import RunDir
+from nmt.schedule import learning_rate
+from nmt.scoring import bleu_only
+from nmt.translate import Translator
+
+
+@dataclass
+class Progress:
+    """Everything about where training stands, saved in every checkpoint."""
+
+    update: int = 0
+    epoch: int = 1
+    batch_in_epoch: int = 0  # batches of this epoch already consumed
+    best_bleu: float = -1.0
+    best_update: int = 0
+    bad_validations: int = 0  # validations since the last new best (early stopping)
+    nonfinite_in_row: int = 0
+    skipped_updates: int = 0
+    elapsed_seconds: float = 0.0  # wall time of training and validation over all sessions of the run
+    trg_tokens: int = 0
+    last_validated: int = -1
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Progress:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+class MetricsLog:
+    """One JSON object per line; flushed so a killed run keeps what it logged."""
+
+    def __init__(self, path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision, device) -> float:
+    """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus."""
+    was_training = model.training
+    model.eval()
+    nll_total, tokens = 0.0, 0
+    with torch.inference_mode(), precision.autocast():
+        for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
+            batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
+            logits = model(batch.src, batch.src_mask, batch.trg_in)
+            _, nll = label_smoothed_nll(logits, batch.trg_out, 0.0, tok.pad_id)
+            nll_total += nll.item()
+            tokens += batch.n_trg_tokens
+    model.train(was_training)
+    return nll_total / max(tokens, 1)
+
+
+def rank_seed(seed: int, rank: int, update: int) -> int:
+    """The dropout seed of one rank's share of one update: independent of how the run was resumed."""
+    return derived_seed(seed, rank * 7_919 + update)
+
+
+class Trainer:
+    def __init__(self, cfg: Config, run: RunDir, log: Callable[[str], None]):
+        self.cfg = cfg
+        self.run = run
+        self._print = log
+        self._log_file = None
+        self.metrics: MetricsLog | None = None
+        self.progress = Progress()
+        self.world = distributed.world_from_environment()
+        self._plan: tuple[int, BatchPlan] | None = None
+
+    def log(self, message: str) -> None:
+        """To the console and to ``train.log`` in the run directory (rank 0 only)."""
+        if not self.world.is_main:
+            return
+        self._print(message)
+        if self._log_file is not None:
+            self._log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
+            self._log_file.flush()
+
+    # -- setup ------------------------------------------------------------------------------
+
+    def setup(self, resume: bool = True, config_file=None) -> None:
+        """Device, run directory (rank 0 takes its lock), data, kernels, model, optimizer; then
+        the latest checkpoint's state when ``resume`` and there is one."""
+        cfg, world = self.cfg, self.world
+        self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback)
+        check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
+        if self.device.type == "cpu":
+            prepare_cpu_process()
+        if world.enabled and self.device.type == "cuda":
+            self.device = torch.device("cuda", world.local_rank)
+            torch.cuda.set_device(self.device)
+        distributed.init(world, self.device)
+        if world.is_main:
+            self.run.open_for_training(cfg, config_file, self.log)
+            self._log_file = open(self.run.log_path, "a", encoding="utf-8")
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.
+        if world.is_main:
+            self.data: Prepared = prepare(cfg, self.run, self.log)
+        distributed.barrier(world)
+        if not world.is_main:
+            self.data = prepare(cfg, self.run, self.log)
+        tok = self.data.trg_tok
+        self.choice = self._choose_kernels(tok.vocab_size)
+        self.precision = Precision(self.device.type, self.choice.precision)
+        torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
+        self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
+        self.model.set_attention_kernel(self.choice.attention)
+        t = cfg.train
+        self.optimizer = adamw(
+            self.model.parameters(), lr=t.lr_peak, betas=t.betas, eps=t.adam_eps, weight_decay=t.weight_decay
+        )
+        self.scaler = self.precision.grad_scaler()
+        self.checkpoints = self.run.checkpoints(cfg)  # read-only on ranks > 0: they only resume from it
+        if world.is_main:
+            self.metrics = MetricsLog(self.run.metrics_path)
+        self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision)
+        if resume:
+            self._resume()
+        self.ddp = None
+        if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
+            from torch.nn.parallel import DistributedDataParallel
+
+            device_ids = [self.device.index] if self.device.type == "cuda" else None
+            self.ddp = DistributedDataParallel(self.model, device_ids=device_ids, **distributed.no_buffer_sync())
+        replica = self.ddp if self.ddp is not None else self.model
+        # Every batch has another shape (sentences x length): compile for symbolic shapes once.
+        self.step_model = torch.compile(replica, dynamic=True) if t.compile else replica
+        ranks = f" x {world.world_size} ranks ({distributed.backend_for(self.device)})" if world.enabled else ""
+        self.log(
+            f"model: {cfg.model.type}, {self.model.num_parameters() / 1e6:.2f}M parameters; device "
+            f"{self.device}{ranks}, precision {self.precision.name}; {len(self.data.train)} training pairs"
+        )
+
+    def _choose_kernels(self, vocab_size: int) -> autotune.Choice:
+        """Precision, attention kernel and threads: the config's, or measured where it says auto.
+        Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores."""
+        cfg, world = self.cfg, self.world
+        world_threads = None
+        if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
+            world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
+        choice = None
+        if world.is_main:
+            request = autotune.Request.from_train(cfg.train)
+            t, d = cfg.train, cfg.data
+            choice = autotune.choose(
+                request, cfg.model, vocab_size, t.max_tokens, d.max_len, self.device, self.log, world_threads
+            )
+        choice = distributed.broadcast(choice, world)
+        autotune.apply_threads(choice)
+        self.log(("auto: " if choice.timings else "kernels: ") + choice.describe())
+        return choice
+
+    def _resume(self) -> None:
+        found = self.checkpoints.load_latest_state(self.log)
+        if found is None:
+            return
+        path, state = found
+        self.run.check_checkpoint(path, state, self.cfg, self.model)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.progress = Progress.from_dict(state["progress"])
+        checkpoint.set_rng_state(state["rng"])
+        p = self.progress
+        self.log(
+            f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}"
+        )
+
+    # -- the data of an epoch ---------------------------------------------------------------
+
+    def epoch_plan(self) -> BatchPlan:
+        """The batches of the current epoch, shuffled per (seed, epoch): the same on every rank and
+        after every resume."""
+        epoch = self.progress.epoch
+        if self._plan is None or self._plan[0] != epoch:
+            data, t = self.data.train, self.cfg.train
+            self._plan = (epoch, token_batches(data.src_lens, data.trg_lens, t.max_tokens, self.cfg.seed, epoch))
+        return self._plan[1]
+
+    # -- one update -------------------------------------------------------------------------
+
+    def train_step(self, group: list) -> dict | None:
+        """Forward/backward over ``group`` (the update's batches as corpus index arrays, shared out
+        among the ranks) and one optimizer step; returns the update's statistics, or None when it
+        was skipped as non-finite.
+
+        The loss is summed over tokens and divided by the update's target-token count, so an
+        update with accumulation, or over several ranks, equals one large batch.
+        """
+        cfg, data, tok, world = self.cfg.train, self.data.train, self.data.trg_tok, self.world
+        p = self.progress
+        mine, weight = distributed.share(group, world), 1.0
+        if not mine:  # fewer batches than ranks at the end of an epoch: join in with a zero-weight batch
+            mine, weight = group[:1], 0.0
+        if world.enabled:  # dropout masks differ per rank, and do not depend on how the run was resumed
+            torch.manual_seed(rank_seed(self.cfg.seed, world.rank, p.update))
+        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in mine]
+        # Every rank knows every pair's length, so the update's token count needs no communication.
+        n_tokens = sum(int(data.trg_lens[rows].sum(dtype=np.int64)) + len(rows) for rows in group)
+        # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
+        loss_scale = world.world_size * weight
+        lr = learning_rate(p.update + 1, cfg)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+        self.optimizer.zero_grad(set_to_none=True)
+        sums = torch.zeros(2, device=self.device)  # loss and nll summed over the update, on the device
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            last = i == len(batches) - 1
+            # Gradients are all-reduced once per update, in the last backward pass.
+            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+                with self.precision.autocast():
+                    logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
+                loss, nll = label_smoothed_nll(logits, batch.trg_out, cfg.label_smoothing, tok.pad_id)
+                self.scaler.scale(loss * loss_scale / n_tokens).backward()
+            sums += torch.stack([loss.detach(), nll]) * weight
+        self.scaler.unscale_(self.optimizer)
+        max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        # One device-to-host copy per update: a GPU otherwise waits for the host after every batch.
+        loss_sum, nll_sum, grad_norm = torch.cat([sums, norm.float().reshape(1)]).tolist()
+        src_tokens = sum(b.n_src_tokens for b in batches) * weight
+        loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
+        if not (math.isfinite(loss_sum) and (math.isfinite(grad_norm) or self.scaler.is_enabled())):
+            self._skip_nonfinite()
+            return None
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        p.nonfinite_in_row = 0
+        p.update += 1
+        p.trg_tokens += n_tokens
+        testhooks.trace_parameters(self.model, world.rank, p.update)
+        return {
+            "loss": loss_sum / n_tokens,
+            "nll": nll_sum / n_tokens,
+            "lr": lr,
+            "grad_norm": grad_norm,
+            "trg_tokens": n_tokens,
+            "src_tokens": int(src_tokens),
+        }
+
+    def _skip_nonfinite(self) -> None:
+        p, limit = self.progress, self.cfg.train.max_nonfinite
+        self.optimizer.zero_grad(set_to_none=True)
+        p.nonfinite_in_row += 1
+        p.skipped_updates += 1
+        self.log(f"update {p.update + 1}: non-finite loss or gradient norm, skipped ({p.nonfinite_in_row} in a row)")
+        if p.nonfinite_in_row >= limit:
+            raise NMTError(
+                f"training diverged: {p.nonfinite_in_row} non-finite updates in a row "
+                "(lower train.lr_peak or raise train.warmup_updates; config key 'train.max_nonfinite')"
+            )
+
+    def write_metrics(self, record: dict) -> None:
+        if self.metrics is not None:
+            self.metrics.write(record)
+
+    # -- validation and checkpoints ---------------------------------------------------------
+
+    def validate(self) -> dict | None:
+        """Dev loss and BLEU, the best model kept, a training-state checkpoint (all on rank 0);
+        every rank then shares the verdict (best score, patience). Returns rank 0's record."""
+        record = self._validate_here() if self.world.is_main else None
+        if self.world.enabled:
+            keys = ("best_bleu", "best_update", "bad_validations", "last_validated")
+            shared = distributed.broadcast({k: getattr(self.progress, k) for k in keys}, self.world)
+            for key, value in shared.items():
+                setattr(self.progress, key, value)
+        return record
+
+    def _validate_here(self) -> dict:
+        cfg, p, data = self.cfg, self.progress, self.data
+        start = time.perf_counter()
+        dev_loss = evaluate_loss(self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device)
+        n = cfg.train.validate_max_sentences or len(data.dev)
+        decode = replace(cfg.decode, beam_size=cfg.train.validate_beam_size, nbest=1)
+        hyps = [h[0] for h in self.translator.translate(data.dev_src[:n], decode)]
+        bleu = bleu_only(hyps, data.dev_trg[:n])
+        atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
+        is_best = bleu > p.best_bleu
+        if is_best:
+            p.best_bleu, p.best_update, p.bad_validations = bleu, p.update, 0
+        else:
+            p.bad_validations += 1
+        p.last_validated = p.update
+        record = {
+            "type": "valid",
+            "update": p.update,
+            "epoch": p.epoch,
+            "dev_loss": dev_loss,
+            "dev_ppl": math.exp(min(dev_loss, 50)),
+            "dev_bleu": bleu,
+            "best_bleu": p.best_bleu,
+            "elapsed": p.elapsed_seconds,
+            "seconds": time.perf_counter() - start,
+        }
+        self.write_metrics(record)
+        self.log(
+            f"validation at update {p.update}: dev loss {dev_loss:.3f}, ppl {record['dev_ppl']:.2f}, "
+            f"BLEU {bleu:.2f} (best {p.best_bleu:.2f} at update {p.best_update}){' *' if is_best else ''}"
+        )
+        if is_best:
+            payload = {"model": self.model.state_dict(), "progress": asdict(p), **self._fingerprint()}
+            self.checkpoints.save_best(payload, p.update, bleu)
+        self.save()
+        return record
+
+    def save(self) -> None:
+        """A checkpoint of the whole training state (rank 0; the others hold the same state)."""
+        if not self.world.is_main:
+            return
+        state = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
+            "progress": asdict(self.progress),
+            "rng": checkpoint.rng_state(),
+            **self._fingerprint(),
+        }
+        self.checkpoints.save_state(state, self.progress.update)
+
+    def _fingerprint(self) -> dict:
+        return {"fingerprint": self.run.fingerprint(self.cfg)}
+
+    def close(self) -> None:
+        """Release the run's files (log, metrics, shards, lock); safe to call at any point."""
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+        data = getattr(self, "data", None)
+        if data is not None:
+            data.train.close()
+        self.run.close()
