@@ -11,6 +11,7 @@ from pathlib import Path
 
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
+from nmt.metrics import read_metrics
 from nmt.scoring import corpus_scores
 
 
@@ -25,20 +26,6 @@ class RunSummary:
     curve: list[dict] = field(default_factory=list)  # validation records
     test: dict = field(default_factory=dict)  # bleu, chrf, signatures
     decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
-
-
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        raise NMTError(f"{run_dir}: no metrics.jsonl: not a run directory made by 'nmt train'")
-    train, valid = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise NMTError(f"{path}:{number}: not a JSON line") from None
-        (valid if record.get("type") == "valid" else train).append(record)
-    return train, valid
 
 
 def summarize_run(run_dir: Path, log: Callable[[str], None]) -> RunSummary:
