@@ -245,6 +245,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    from nmt.plot import plot_runs
+
+    plot_runs([Path(d) for d in args.runs], Path(args.out), _log)
+    return 0
+
+
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
@@ -348,6 +355,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
     p.add_argument("--out", default="report", help="output directory (default: report)")
     p.set_defaults(func=cmd_compare)
+
+    p = sub.add_parser(
+        "plot",
+        help="PNG curves of runs (loss, dev BLEU, learning rate, gradient norm, tokens/s), also while training",
+        description="Draw each scalar of metrics.jsonl against updates and against wall time, runs overlaid: "
+        "training loss, dev loss, perplexity and BLEU, learning rate, gradient norm, target tokens/s. "
+        "Writes one PNG per scalar and index.md.",
+    )
+    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
+    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.set_defaults(func=cmd_plot)
     return parser
 
 

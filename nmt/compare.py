@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -12,7 +11,8 @@ from pathlib import Path
 
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
-from nmt.files import atomic_write, atomic_write_bytes
+from nmt.files import atomic_write, atomic_write_bytes, check_output_dir
+from nmt.metrics import read_metrics
 from nmt.rundir import RunDir
 from nmt.scoring import corpus_scores
 
@@ -28,20 +28,6 @@ class RunSummary:
     curve: list[dict] = field(default_factory=list)  # validation records
     test: dict = field(default_factory=dict)  # bleu, chrf, signatures
     decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
-
-
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
-    path = run_dir / "metrics.jsonl"
-    if not path.exists():
-        raise NMTError(f"{run_dir}: no metrics.jsonl: not a run directory made by 'nmt train'")
-    train, valid = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        try:
-            record = json.loads(line)
-        except ValueError:
-            raise NMTError(f"{path}:{number}: not a JSON line") from None
-        (valid if record.get("type") == "valid" else train).append(record)
-    return train, valid
 
 
 def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
@@ -131,24 +117,10 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
     plt.close(fig)
 
 
-def check_report_dir(out_dir: Path, run_dirs: list[Path]) -> None:
-    """Before any work: ``out_dir`` must be (or become) a writable directory outside every run
-    directory, since readers of a run never write into it."""
-    if out_dir.exists() and not out_dir.is_dir():
-        raise NMTError(f"--out {out_dir}: exists and is not a directory")
-    for run_dir in run_dirs:
-        if out_dir.absolute() == run_dir.absolute() or run_dir.absolute() in out_dir.absolute().parents:
-            raise NMTError(f"--out {out_dir}: is inside the run directory {run_dir}; write the report elsewhere")
-    parent = out_dir if out_dir.exists() else out_dir.absolute().parent
-    if not parent.is_dir() or not os.access(parent, os.W_OK | os.X_OK):
-        raise NMTError(f"--out {out_dir}: cannot create or write this directory")
-
-
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
     runs_opened = [RunDir.existing(d) for d in run_dirs]
-    check_report_dir(out_dir, run_dirs)
+    check_output_dir(out_dir, run_dirs)
     runs = [summarize_run(run, log) for run in runs_opened]
-    out_dir.mkdir(parents=True, exist_ok=True)
     table = markdown_table(runs)
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)

@@ -64,6 +64,7 @@ class TrainConfig:
     keep_last: int = 2
     keep_best: int = 1
     log_every: int = 50
+    tensorboard: bool = False  # also write the metrics as TensorBoard events (pip install 'nmt[tensorboard]')
     # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     attention: Literal["auto", "sdpa", "explicit"] = "auto"  # fused SDPA kernel or softmax(QK^T)V in two matmuls

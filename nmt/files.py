@@ -8,6 +8,7 @@ No torch here: data-preparation workers import this module.
 from __future__ import annotations
 
 import os
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -79,6 +80,22 @@ def check_output(path: Path, inputs: Iterable[Path], option: str) -> None:
         raise NMTError(f"{option} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise NMTError(f"{option} {path}: the directory {parent} is not writable")
+
+
+def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--out") -> None:
+    """Before any work: ``out_dir`` is made (if need be) and proven writable, and lies outside every
+    run directory read, since commands that read a run never write into it."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise NMTError(f"{option} {out_dir}: exists and is not a directory")
+    for run_dir in run_dirs:
+        if out_dir.absolute() == run_dir.absolute() or run_dir.absolute() in out_dir.absolute().parents:
+            raise NMTError(f"{option} {out_dir}: is inside the run directory {run_dir}; write elsewhere")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out_dir):
+            pass
+    except OSError as e:
+        raise NMTError(f"{option} {out_dir}: is not a writable directory ({e.strerror})") from None
 
 
 class LineWriter:

@@ -26,6 +26,7 @@ from pathlib import Path
 from nmt.config import Config, config_to_dict, config_yaml, load_config
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
+from nmt.metrics import METRICS_FILE
 
 CONFIG = "config.yaml"
 _HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
@@ -125,7 +126,7 @@ class RunDir:
 
     @property
     def metrics_path(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / METRICS_FILE
 
     @property
     def log_path(self) -> Path:
@@ -134,10 +135,6 @@ class RunDir:
     @property
     def dev_hyp_path(self) -> Path:
         return self.path / "dev.hyp"
-
-    @property
-    def tensorboard_dir(self) -> Path:
-        return self.path / "tensorboard"
 
     def tokenizer_paths(self, cfg: Config) -> tuple[Path, Path]:
         """The SentencePiece model file(s): one joint ``spm.model``, or one per language."""

@@ -10,7 +10,6 @@ group is shared out among the ranks and gradients are averaged by DistributedDat
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import time
@@ -27,6 +26,7 @@ from nmt.device import Precision, adamw, bf16_available, check_precision, prepar
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.loss import label_smoothed_nll
+from nmt.metrics import MetricsLog
 from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
@@ -57,20 +57,6 @@ class Progress:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-class MetricsLog:
-    """One JSON object per line; flushed so a killed run keeps what it logged."""
-
-    def __init__(self, path):
-        self.file = open(path, "a", encoding="utf-8")
-
-    def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
-
-    def close(self) -> None:
-        self.file.close()
-
-
 def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision, device) -> float:
     """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus."""
     was_training = model.training
@@ -98,7 +84,7 @@ class Trainer:
         self.run = run
         self._print = log
         self._log_file = None
-        self.metrics: MetricsLog | None = None
+        self.metrics: list = []  # metrics.jsonl, and TensorBoard with train.tensorboard (rank 0)
         self.progress = Progress()
         self.world = distributed.world_from_environment()
         self._plan: tuple[int, BatchPlan] | None = None
@@ -150,7 +136,11 @@ class Trainer:
         self.scaler = self.precision.grad_scaler()
         self.checkpoints = self.run.checkpoints(cfg)  # read-only on ranks > 0: they only resume from it
         if world.is_main:
-            self.metrics = MetricsLog(self.run.metrics_path)
+            self.metrics = [MetricsLog(self.run.metrics_path)]
+            if t.tensorboard:
+                from nmt.tensorboard import TensorBoardLog
+
+                self.metrics.append(TensorBoardLog(self.run.path))
         self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision)
         if resume:
             self._resume()
@@ -291,8 +281,8 @@ class Trainer:
             )
 
     def write_metrics(self, record: dict) -> None:
-        if self.metrics is not None:
-            self.metrics.write(record)
+        for sink in self.metrics:
+            sink.write(record)
 
     # -- validation and checkpoints ---------------------------------------------------------
 
@@ -363,9 +353,9 @@ class Trainer:
 
     def close(self) -> None:
         """Release the run's files (log, metrics, shards, lock); safe to call at any point."""
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
+        for sink in self.metrics:
+            sink.close()
+        self.metrics = []
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None

@@ -1,0 +1,230 @@
+"""``metrics.jsonl``, the one record of a run's progress: writing it, reading it back (also while the
+run is still writing it), and the scalars that plots and TensorBoard draw from it.
+
+Training writes one ``"type": "train"`` record per update (update, epoch, loss, nll, lr, grad_norm,
+trg_tokens, src_tokens, elapsed) and one ``"type": "valid"`` record per validation (update, epoch,
+dev_loss, dev_ppl, dev_bleu, best_bleu, elapsed, seconds). ``elapsed`` is wall time in seconds since
+the run began, summed over its sessions, without start-up; a validation's time is in the gap between
+the train record of its update and the next one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from nmt.errors import NMTError
+
+METRICS_FILE = "metrics.jsonl"
+RATE_WINDOW = 20  # updates over which target tokens/s is averaged
+
+
+class MetricsLog:
+    """One JSON object per line; flushed so a killed run keeps what it logged."""
+
+    def __init__(self, path: Path):
+        self.file = open(path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+
+
+@dataclass(frozen=True)
+class Scalar:
+    """One quantity drawn from the records of one type."""
+
+    name: str  # TensorBoard tag; the figure's file name with '/' as '_'
+    kind: str  # the record type it comes from: "train" or "valid"
+    key: str  # the record's key, or one ScalarStream derives
+    title: str
+    label: str  # axis label, with the unit
+    smooth: bool = False  # noisy per update: plots add a moving average
+    derived: bool = False
+    from_zero: bool = False  # plots start the axis at 0, so that runs' ratios read right
+
+
+SCALARS: tuple[Scalar, ...] = (
+    Scalar("train/loss", "train", "loss", "Training loss", "training loss (nats/token, label-smoothed)", smooth=True),
+    Scalar("train/nll", "train", "nll", "Training NLL", "training NLL (nats/token, no label smoothing)", smooth=True),
+    Scalar("valid/loss", "valid", "dev_loss", "Dev loss", "dev loss (nats/token, no label smoothing)"),
+    Scalar("valid/ppl", "valid", "dev_ppl", "Dev perplexity", "dev perplexity (exp of dev loss)"),
+    Scalar(
+        "valid/bleu",
+        "valid",
+        "dev_bleu",
+        "Dev BLEU (greedy decoding unless train.validate_beam_size > 1)",
+        "dev BLEU (sacreBLEU, 0-100)",
+    ),
+    Scalar("train/lr", "train", "lr", "Learning rate", "learning rate"),
+    Scalar("train/grad_norm", "train", "grad_norm", "Gradient norm", "gradient L2 norm (before clipping)", smooth=True),
+    Scalar(
+        "train/trg_tokens_per_s",
+        "train",
+        "trg_tokens_per_s",
+        f"Training speed (each point: the last {RATE_WINDOW} updates, validation time left out)",
+        "target tokens/s",
+        derived=True,
+        from_zero=True,
+    ),
+)
+
+
+def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+    """The train and the valid records of a run, in the order written.
+
+    Safe on a run still training: a last line without its newline is being written and is left
+    out. Records a resumed run went back over (it restarted from a checkpoint older than its last
+    logged update) are dropped, so updates only increase.
+    """
+    path = Path(run_dir) / METRICS_FILE
+    if not path.is_file():
+        raise NMTError(f"{run_dir}: no {METRICS_FILE}: not a run directory made by 'nmt train'")
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise NMTError(f"{path}: cannot read ({e.strerror})") from None
+    return parse_metrics(data, path)
+
+
+def parse_metrics(data: bytes, path: Path) -> tuple[list[dict], list[dict]]:
+    lines = data.split(b"\n")
+    torn = lines.pop()  # b"" when the file ends with a newline
+    train: list[dict] = []
+    valid: list[dict] = []
+    for number, line in enumerate(lines, 1):
+        if line.strip():
+            _add(_parse_line(line, path, number), train, valid, path, number)
+    if torn.strip():
+        try:  # complete but for its newline: keep it; cut short: it is still being written
+            record = _parse_line(torn, path, len(lines) + 1)
+        except NMTError:
+            record = None
+        if record is not None:
+            _add(record, train, valid, path, len(lines) + 1)
+    return train, valid
+
+
+def _parse_line(line: bytes, path: Path, number: int) -> dict:
+    try:
+        record = json.loads(line.decode("utf-8"))
+    except ValueError:  # includes UnicodeDecodeError
+        raise NMTError(f"{path}:{number}: not a JSON line (a corrupt metrics file)") from None
+    if not isinstance(record, dict):
+        raise NMTError(f"{path}:{number}: not a JSON object (a corrupt metrics file)")
+    return record
+
+
+def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number: int) -> None:
+    kind = record.get("type")
+    if kind not in ("train", "valid"):
+        return  # a record type of a later version
+    for key in ("update", "elapsed"):
+        if not _is_number(record.get(key)):
+            raise NMTError(f"{path}:{number}: {kind} record without a numeric '{key}'")
+    # A resumed run restarts at its checkpoint: what was logged after it belongs to no run any more.
+    # (A validation follows the train record of its own update, so that one stays.)
+    update = record["update"]
+    while train and (train[-1]["update"] > update or (kind == "train" and train[-1]["update"] == update)):
+        train.pop()
+    while valid and valid[-1]["update"] >= update:
+        valid.pop()
+    (train if kind == "train" else valid).append(record)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+class TokenRate:
+    """Target tokens/s, record by record: tokens of the last ``window`` updates over their time.
+
+    An update's time is the ``elapsed`` gap to the previous train record. A gap holding a
+    validation is left out (its update has no rate), as is the first update seen and one that
+    goes back (a new session).
+    """
+
+    def __init__(self, window: int = RATE_WINDOW):
+        self._previous: dict | None = None
+        self._validated = False
+        self._gaps: deque[tuple[float, float]] = deque(maxlen=window)
+
+    def add(self, record: dict) -> float | None:
+        if record.get("type") == "valid":
+            self._validated = True
+            return None
+        previous, self._previous = self._previous, record
+        validated, self._validated = self._validated, False
+        if previous is None or validated or record["update"] <= previous["update"]:
+            return None
+        seconds = record["elapsed"] - previous["elapsed"]
+        if not seconds > 0:
+            return None
+        self._gaps.append((record.get("trg_tokens", 0), seconds))
+        return sum(t for t, _ in self._gaps) / sum(s for _, s in self._gaps)
+
+
+class ScalarStream:
+    """Records in the order written -> the (scalar, value) pairs each one gives."""
+
+    def __init__(self, window: int = RATE_WINDOW):
+        self._rate = TokenRate(window)
+
+    def add(self, record: dict) -> list[tuple[Scalar, float]]:
+        derived = {"trg_tokens_per_s": self._rate.add(record)}
+        values = []
+        for scalar in SCALARS:
+            if scalar.kind != record.get("type"):
+                continue
+            value = derived.get(scalar.key) if scalar.derived else record.get(scalar.key)
+            if _is_number(value):
+                values.append((scalar, float(value)))
+        return values
+
+
+@dataclass
+class Series:
+    """One scalar of one run: x by update and by elapsed seconds, and y."""
+
+    updates: list[int] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+
+def in_written_order(train: list[dict], valid: list[dict]) -> list[dict]:
+    """Merge read_metrics' lists back into file order: a validation follows its update's train record."""
+    return sorted(train + valid, key=lambda r: (r["update"], r["type"] == "valid"))
+
+
+def scalar_series(train: list[dict], valid: list[dict], window: int = RATE_WINDOW) -> dict[str, Series]:
+    """Every scalar of a run, by name; a scalar the run has no value for is absent."""
+    series: dict[str, Series] = {}
+    stream = ScalarStream(window)
+    for record in in_written_order(train, valid):
+        for scalar, value in stream.add(record):
+            s = series.setdefault(scalar.name, Series())
+            s.updates.append(int(record["update"]))
+            s.seconds.append(float(record["elapsed"]))
+            s.values.append(value)
+    return series
+
+
+def moving_average(values: list[float], window: int) -> list[float]:
+    """Trailing mean over ``window`` values, skipping non-finite ones (NaN where none is finite)."""
+    out = []
+    total, count = 0.0, 0
+    for i, value in enumerate(values):
+        if math.isfinite(value):
+            total, count = total + value, count + 1
+        if i >= window:
+            old = values[i - window]
+            if math.isfinite(old):
+                total, count = total - old, count - 1
+        out.append(total / count if count else math.nan)
+    return out

@@ -1,0 +1,58 @@
+"""``train.tensorboard: true``: the scalars of ``metrics.jsonl`` (see ``nmt.metrics.SCALARS``) also as
+TensorBoard event files in ``RUN_DIR/tensorboard/``; same interface as ``MetricsLog``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from nmt.errors import NMTError
+from nmt.metrics import ScalarStream
+
+TENSORBOARD_DIR = "tensorboard"
+FLUSH_SECONDS = 10  # a flush per update would make the training loop wait for the writer's thread
+
+
+def _summary_writer_class():
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:
+        raise NMTError("train.tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]'") from None
+    return SummaryWriter
+
+
+class TensorBoardLog:
+    """Takes the records written to ``metrics.jsonl``; tags are ``train/loss``, ``valid/bleu``, ...,
+    the step is the record's update and the wall time the moment it was written. Events reach the
+    file every few seconds and on ``close``; ``metrics.jsonl`` stays the record that survives a kill."""
+
+    def __init__(self, run_dir: Path):
+        self.log_dir = Path(run_dir) / TENSORBOARD_DIR
+        self._writer_class = _summary_writer_class()  # a missing package fails at start-up, not mid-run
+        self._writer = None
+        self._stream = ScalarStream()
+
+    def _open(self, first_step: int):
+        resumed = self.log_dir.is_dir() and any(self.log_dir.glob("events.out.tfevents.*"))
+        # A resumed run restarts at its checkpoint: TensorBoard hides what an earlier session logged
+        # from that step on (the same records read_metrics drops).
+        return self._writer_class(
+            log_dir=str(self.log_dir), purge_step=first_step if resumed else None, flush_secs=FLUSH_SECONDS
+        )
+
+    def write(self, record: dict) -> None:
+        values = self._stream.add(record)
+        if not values:
+            return
+        step = int(record["update"])
+        if self._writer is None:
+            # A validation is logged after its update's train record, which an earlier session kept.
+            self._writer = self._open(step if record.get("type") == "train" else step + 1)
+        now = time.time()
+        for scalar, value in values:
+            self._writer.add_scalar(scalar.name, value, global_step=step, walltime=now)
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
