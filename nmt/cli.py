@@ -77,7 +77,13 @@ def _decode_config(args: argparse.Namespace, base):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
-    return replace(base, **changes)
+    decode = replace(base, **changes)
+    if decode.nbest > decode.beam_size:
+        raise NMTError(
+            f"--nbest {decode.nbest} is more than the beam size {decode.beam_size}: "
+            f"give --beam-size {decode.nbest} or more"
+        )
+    return decode
 
 
 class _Stdout:
@@ -104,10 +110,7 @@ def _open_output(path: str | None, inputs: list[Path], option: str):
     if path is None or path == "-":
         return _Stdout()
     check_output(Path(path), inputs, option)
-    try:
-        return LineWriter(Path(path))
-    except OSError as e:
-        raise NMTError(f"{option} {path}: cannot write ({e.strerror})") from None
+    return LineWriter(Path(path))
 
 
 def _input_file(path: str | None, option: str) -> Path | None:
@@ -121,16 +124,19 @@ def _input_file(path: str | None, option: str) -> Path | None:
     return source
 
 
-def _progress_bar(source: Path | None):
-    """A progress bar on a terminal; its total is the input's line count where that is known."""
+def _progress_bar(source: Path | None, tokenizer):
+    """A progress bar on a terminal, counting source tokens (a sentence costs by its length, so the
+    ETA holds); its total is known for a file, counted window by window before translating."""
     if not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
-    from nmt.corpus import iter_lines
+    from nmt.translate import input_windows
 
-    total = sum(1 for _ in iter_lines(source)) if source is not None else None
-    return tqdm(total=total, unit="sent", file=sys.stderr, dynamic_ncols=True)
+    total = None
+    if source is not None:
+        total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
+    return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
 
 
 def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
@@ -140,14 +146,15 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
 
     from nmt.files import LineWriter
     from nmt.signals import Interrupted
-    from nmt.translate import input_windows, load_translator, translate_stream
+    from nmt.translate import WINDOW_LINES, input_windows, load_translator, translate_stream
 
-    cfg = run.config()
-    decode = _decode_config(args, cfg.decode)
-    translator = load_translator(run, args.device, args.precision, _log)
-    bar = _progress_bar(source)
+    bar = None
     try:
-        done = translate_stream(translator, input_windows(source), decode, sink.write, bar.update if bar else None)
+        decode = _decode_config(args, run.config().decode)
+        translator = load_translator(run, args.device, args.precision, _log)
+        bar = _progress_bar(source, translator.src_tok)
+        windows = input_windows(source, 1 if getattr(args, "stream", False) else WINDOW_LINES)
+        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None)
     except KeyboardInterrupt:
         message = f"interrupted after {sink.lines} output lines"
         if isinstance(sink, LineWriter):
@@ -167,6 +174,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.rundir import RunDir
 
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
+    _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
     source = _input_file(args.input, "--input")
     sink = _open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
     _translate_to(args, run, source, sink)
@@ -310,6 +318,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("--input", "-i", help="input file, one sentence per line (default: stdin)")
     p.add_argument("--output", "-o", help="output file (default: stdout)")
+    p.add_argument(
+        "--stream",
+        action="store_true",
+        help="translate each line of stdin alone, as soon as it is read (stdin is otherwise translated in "
+        "windows of what has arrived: a line typed at a terminal is answered at once anyway)",
+    )
     p.add_argument(
         "--nbest",
         type=_positive_int,

@@ -286,6 +286,10 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError("config key 'data.train': no training corpus given")
     if not cfg.data.dev.path:
         raise NMTError("config key 'data.dev': no dev corpus given")
+    if cfg.decode.nbest > cfg.decode.beam_size:
+        raise NMTError(
+            f"config key 'decode.nbest': {cfg.decode.nbest} is more than decode.beam_size {cfg.decode.beam_size}"
+        )
     if cfg.data.src_lang == cfg.data.trg_lang:
         raise NMTError("config key 'data.trg_lang': source and target language are the same")
 

@@ -101,34 +101,42 @@ def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--o
 class LineWriter:
     """Text lines written to a temporary file beside ``path``, which becomes ``path`` only when
     complete (``commit``): an earlier file of that name stays untouched until then. ``keep_partial``
-    keeps what was written as ``PATH.partial`` instead (an interrupted command)."""
+    keeps what was written as ``PATH.partial`` instead (an interrupted command). The temporary
+    file is made at the first write, so a command that fails before any output leaves nothing."""
 
     def __init__(self, path: Path):
         self.path = path
         self.lines = 0
         self._tmp = temporary_name(path)
-        self._file = open(self._tmp, "w", encoding="utf-8", newline="\n")
+        self._file = None
+
+    def _opened(self):
+        if self._file is None:
+            self._file = open(self._tmp, "w", encoding="utf-8", newline="\n")
+        return self._file
 
     def write(self, lines: Iterable[str]) -> None:
+        f = self._opened()
         for line in lines:
-            self._file.write(line + "\n")
+            f.write(line + "\n")
             self.lines += 1
-        self._file.flush()
+        f.flush()
 
     def commit(self) -> None:
-        self._file.flush()
-        os.fsync(self._file.fileno())
-        self._file.close()
+        f = self._opened()
+        f.flush()
+        os.fsync(f.fileno())
+        f.close()
         os.replace(self._tmp, self.path)
         fsync_dir(self.path.parent)
 
     def keep_partial(self) -> Path:
-        self._file.close()
+        self._opened().close()
         partial = self.path.with_name(self.path.name + ".partial")
         os.replace(self._tmp, partial)
         return partial
 
     def discard(self) -> None:
-        if not self._file.closed:
+        if self._file is not None:
             self._file.close()
         self._tmp.unlink(missing_ok=True)

@@ -57,7 +57,8 @@ class Translator:
         decode: DecodeConfig,
         progress: Callable[[int], None] | None = None,
     ) -> list[list[Hypothesis]]:
-        """The n-best hypotheses of each sentence, best first, in input order."""
+        """The n-best hypotheses of each sentence, best first, in input order. ``progress`` is told
+        the source tokens of each batch done (the cost of a sentence grows with its length)."""
         was_training = self.model.training
         self.model.eval()
         tok = self.trg_tok
@@ -85,7 +86,7 @@ class Translator:
                         batch.src,
                         batch.src_mask,
                         limit,
-                        beam_size=max(decode.beam_size, decode.nbest),
+                        beam_size=decode.beam_size,
                         length_penalty=decode.length_penalty,
                         bos_id=tok.bos_id,
                         eos_id=tok.eos_id,
@@ -94,7 +95,7 @@ class Translator:
                 for row, hyps in zip(rows, nbest):
                     results[row] = hyps
                 if progress is not None:
-                    progress(len(rows))
+                    progress(sum(lengths[i] + 1 for i in rows))
         self.model.train(was_training)
         return results
 
@@ -109,6 +110,8 @@ class Translator:
     ) -> list[list[tuple[str, Hypothesis | None]]]:
         """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
         (one empty translation, no hypothesis)."""
+        if decode.nbest > decode.beam_size:
+            raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         filled = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.src_tok.encode([lines[i] for i in filled])
         nbest = self.translate_ids(src_ids, decode, progress)
@@ -123,34 +126,42 @@ WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneo
 
 
 def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
-    """The input's lines in consecutive windows. Standard input yields what has arrived whenever
-    it pauses (an interactive user gets each line answered); a file yields full windows. Only
-    ``\n`` ends a line, as in the corpus readers."""
-    if path is not None:
-        window: list[str] = []
-        for line in iter_lines(path):
-            window.append(line)
-            if len(window) == lines_per_window:
-                yield window
-                window = []
-        if window:
-            yield window
+    """The input's lines in consecutive windows of at most ``lines_per_window``. Standard input
+    yields what has arrived whenever it pauses, so a line typed at a terminal is answered at once
+    while piped text still comes in large windows; a file yields full windows. Only ``\\n`` ends a
+    line, as in the corpus readers."""
+    if path is None:
+        yield from _stdin_windows(lines_per_window)
         return
-    yield from _stdin_windows(lines_per_window)
+    window: list[str] = []
+    for line in iter_lines(path):
+        window.append(line)
+        if len(window) == lines_per_window:
+            yield window
+            window = []
+    if window:
+        yield window
 
 
 def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
     try:
         fd = sys.stdin.fileno()
     except (AttributeError, OSError, ValueError):  # not a real file (tests, embedding): read it whole
+        fd = None
+    if fd is None:
         data = sys.stdin.buffer.read()
-        if data:
-            yield _split(data, 0)
+        lines = _split(data, 0) if data else []
+        for start in range(0, len(lines), lines_per_window):
+            yield lines[start : start + lines_per_window]
         return
     pending, window, lines_before = b"", [], 0
     while True:
+        while len(window) >= lines_per_window:
+            yield window[:lines_per_window]
+            lines_before += lines_per_window
+            window = window[lines_per_window:]
         # Block only when there is nothing to translate; otherwise translate what has arrived.
-        if window and (len(window) >= lines_per_window or not select.select([fd], [], [], 0)[0]):
+        if window and not select.select([fd], [], [], 0)[0]:
             yield window
             lines_before += len(window)
             window = []
@@ -164,8 +175,8 @@ def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
             pending = pending[cut + 1 :]
     if pending:
         window += _split(pending, lines_before + len(window))
-    if window:
-        yield window
+    for start in range(0, len(window), lines_per_window):
+        yield window[start : start + lines_per_window]
 
 
 def _split(data: bytes, lines_before: int) -> list[str]:

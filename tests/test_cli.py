@@ -64,9 +64,14 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
 
 
 def test_train_again_resumes_and_stops(trained_run, capsys):
+    run = trained_run / "run"
+    metrics = (run / "metrics.jsonl").read_text()
+    checkpoints = {p.name: p.read_bytes() for p in (run / "checkpoints").glob("*.pt")}
     code, _, err = run_cli(["train", "--config", trained_run / "tiny.yaml"], capsys)
     assert code == 0
-    assert "resuming at update 120" in err
+    assert "resuming at update 120" in err and "stopping: reached train.max_updates 120" in err
+    assert (run / "metrics.jsonl").read_text() == metrics  # no update ran, no validation either
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints").glob("*.pt")} == checkpoints
 
 
 def test_eval_bleu_equals_sacrebleu(tmp_path, capsys):

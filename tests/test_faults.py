@@ -85,7 +85,9 @@ def test_second_sigint_exits_at_once_and_leaves_checkpoints_readable(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err
     assert "Traceback" not in err
-    for info in checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints", "update"):
+    found = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints", "update")
+    assert found and found[0].update >= 10  # validate_every 10: at least one was written before the signals
+    for info in found:
         checkpoint.load(info.path)  # raises on a half-written file
 
 
@@ -179,9 +181,9 @@ def _hostile_cases(run: Path, tmp: Path):
 
 
 def test_hostile_inputs_give_one_line_errors(run, tmp_path, capsys):
-    if torch.cuda.is_available():
-        pytest.skip("the 'cuda without a GPU' row needs a machine without a GPU")
     for name, argv, expected in _hostile_cases(run, tmp_path):
+        if name == "cuda without a GPU" and torch.cuda.is_available():
+            continue  # that row needs a machine without a GPU; the others still run
         code = main(argv)
         err = capsys.readouterr().err
         errors = [line for line in err.splitlines() if "error:" in line]

@@ -41,15 +41,33 @@ def test_accumulated_update_equals_one_large_batch(tmp_path):
 
 def test_non_finite_updates_are_skipped_then_stop(tmp_path):
     trainer = make_trainer(tmp_path, max_nonfinite=2)
-    before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     with torch.no_grad():
         trainer.model.trg_embed.weight[5] = float("nan")  # poisons every sentence that uses token 5
     poisoned = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     rows = list(range(8))
     assert trainer.train_step([rows]) is None
     assert trainer.progress.update == 0 and trainer.progress.skipped_updates == 1
-    for name, tensor in trainer.model.state_dict().items():  # nothing was stepped
-        assert torch.equal(tensor, poisoned[name]) or torch.isnan(tensor).any(), name
+    for name, tensor in trainer.model.state_dict().items():  # nothing was stepped, NaN for NaN
+        torch.testing.assert_close(tensor, poisoned[name], rtol=0, atol=0, equal_nan=True, msg=name)
+    assert not trainer.optimizer.state  # no moment estimates were taken from the poisoned gradient
     with pytest.raises(NMTError, match="diverged: 2 non-finite updates in a row"):
         trainer.train_step([rows])
-    assert before  # the healthy weights existed before the poisoning
+
+
+def test_public_api_trains_validates_and_saves(tmp_path):
+    """What bench and the loop use: epoch_plan, train_step, validate, save; and a resume from it."""
+    trainer = make_trainer(tmp_path, max_updates=4, warmup_updates=1)
+    batch = trainer.epoch_plan()[0]
+    stats = [trainer.train_step([batch]) for _ in range(3)]
+    assert [s["trg_tokens"] for s in stats] == [int(trainer.data.train.trg_lens[batch].sum()) + len(batch)] * 3
+    assert stats[2]["loss"] < stats[0]["loss"]
+    record = trainer.validate()
+    assert record["update"] == 3 and 0 <= record["dev_bleu"] <= 100
+    trainer.save()
+    weights = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    trainer.close()
+    again = make_trainer(tmp_path, max_updates=4, warmup_updates=1)
+    assert again.progress.update == 3
+    for name, tensor in again.model.state_dict().items():
+        assert torch.equal(tensor, weights[name]), name
+    again.close()

@@ -1,0 +1,294 @@
+"""The run directory has one owner: a training lock, readers that never delete or rewrite, outputs
+that never destroy inputs, mismatches that are one-line errors, and a translate that streams.
+Each case goes through the real ``nmt`` command in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import select
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import PAIRS, tiny_config
+
+from nmt.cli import main
+from nmt.rundir import RunDir
+from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
+
+
+def nmt(*args, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
+    )
+
+
+def one_line_error(done: subprocess.CompletedProcess, *expected: str) -> str:
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr and done.stderr.count("\n") == 1, done.stderr
+    for text in expected:
+        assert text in done.stderr, done.stderr
+    return done.stderr
+
+
+def snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> Path:
+    tmp = tmp_path_factory.mktemp("rundir")
+    config = tiny_config(tmp, max_updates=60, validate_every=30)
+    assert main(["train", "--config", str(config)]) == 0
+    return tmp
+
+
+def copy_run(trained: Path, tmp_path: Path) -> Path:
+    run = tmp_path / "run"
+    shutil.copytree(trained / "run", run)
+    return run
+
+
+# ---------------------------------------------------------------------------- the lock
+
+
+def start_training(config: Path, *sets: str) -> subprocess.Popen:
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(config)]
+    for s in sets:
+        args += ["--set", s]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.05)
+
+
+def test_second_trainer_is_refused_naming_the_holder(tmp_path):
+    config = tiny_config(tmp_path, max_updates=100_000, validate_every=100_000)
+    first = start_training(config)
+    try:
+        lock = tmp_path / "run" / "train.lock"
+        wait_for(lambda: lock.exists() and lock.read_text().strip(), first)
+        metrics = tmp_path / "run" / "metrics.jsonl"
+        wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, first)
+        done = nmt("train", "--config", config)
+        one_line_error(done, "another 'nmt train' is training this run", f"pid {first.pid}", socket.gethostname())
+        assert first.poll() is None  # the first one trains on, untouched
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.communicate(timeout=60)
+    assert first.returncode == 143
+
+
+def test_a_killed_trainers_lock_never_blocks_the_resume(tmp_path):
+    config = tiny_config(tmp_path, max_updates=100_000, validate_every=5)
+    proc = start_training(config)
+    checkpoints = tmp_path / "run" / "checkpoints"
+    wait_for(lambda: any(checkpoints.glob("update_*.pt")), proc)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert "pid" in (tmp_path / "run" / "train.lock").read_text()  # the dead holder is still named in the file
+    done = nmt("train", "--config", config, "--set", "train.max_updates=12")
+    assert done.returncode == 0, done.stderr
+    assert "resuming at update" in done.stderr
+
+
+def test_readers_never_delete_or_write_in_the_run(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    torn = run / "checkpoints" / ".update_00000099.pt.tmp4242"  # as a trainer writing right now leaves it
+    torn.write_bytes(b"half a checkpoint")
+    before = snapshot(run)
+    out = tmp_path / "out.en"
+    assert nmt("translate", "--model", run, "-i", trained / "data" / "train.de", "-o", out).returncode == 0
+    done = nmt(
+        "eval-bleu", "--model", run, "--src", trained / "data" / "train.de", "--ref", trained / "data" / "train.en"
+    )
+    assert done.returncode == 0, done.stderr
+    assert nmt("compare", run, "--out", tmp_path / "report").returncode == 0
+    assert nmt("plot", run, "--out", tmp_path / "figures").returncode == 0
+    assert snapshot(run) == before
+
+
+# ---------------------------------------------------------------------------- outputs and inputs
+
+
+def test_an_output_that_is_an_input_is_refused_however_it_is_named(trained, tmp_path):
+    src = tmp_path / "test.de"
+    shutil.copy(trained / "data" / "train.de", src)
+    (tmp_path / "link.de").symlink_to(src)
+    os.link(src, tmp_path / "hard.de")
+    (tmp_path / "sub").mkdir()
+    content = src.read_bytes()
+    run = trained / "run"
+    for output, cwd in (
+        (src, None),
+        ("../test.de", tmp_path / "sub"),
+        (tmp_path / "link.de", None),
+        (tmp_path / "hard.de", None),
+    ):
+        done = nmt("translate", "--model", run, "-i", src, "-o", output, cwd=cwd)
+        one_line_error(done, "--output", "is the input")
+        assert src.read_bytes() == content
+    ref = tmp_path / "ref.en"
+    shutil.copy(trained / "data" / "train.en", ref)
+    done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", ref)
+    one_line_error(done, "--output", "is the input")
+    assert ref.read_bytes() == (trained / "data" / "train.en").read_bytes()
+    done = nmt("translate", "--model", run, "-i", src, "-o", run / "spm.model")
+    one_line_error(done, "is the input")
+
+
+def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path):
+    src = trained / "data" / "train.de"
+    done = nmt("translate", "--model", trained / "run", "-i", src, "-o", tmp_path / "missing" / "out.en")
+    one_line_error(done, "does not exist")
+    (tmp_path / "report.md").write_text("mine")
+    done = nmt("compare", trained / "run", "--out", tmp_path / "report.md")
+    one_line_error(done, "--out", "not a directory")
+    assert (tmp_path / "report.md").read_text() == "mine"
+    done = nmt("compare", trained / "run", "--out", trained / "run" / "report")
+    one_line_error(done, "inside the run directory")
+
+
+def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path):
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
+    mine = tmp_path / "config.yaml"
+    values = yaml.safe_load(config.read_text())
+    values["run_dir"] = "."
+    mine.write_text("# my own notes\n" + yaml.safe_dump(values))
+    text = mine.read_bytes()
+    done = nmt("train", "--config", "config.yaml", cwd=tmp_path)
+    one_line_error(
+        done, "config.yaml: run_dir is this config file's own directory", "never rewrites a config you wrote"
+    )
+    assert mine.read_bytes() == text
+    # The run's own resolved config, by contrast, resumes the run.
+    values["run_dir"] = "run"
+    mine.write_text(yaml.safe_dump(values))
+    assert nmt("train", "--config", mine).returncode == 0
+    assert nmt("train", "--config", tmp_path / "run" / "config.yaml", "--set", "train.max_updates=7").returncode == 0
+    assert RunDir.existing(tmp_path / "run").config().train.max_updates == 7
+
+
+# ---------------------------------------------------------------------------- mismatches
+
+
+def test_a_swapped_tokenizer_of_the_same_size_is_named(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    other = [(s + " und so weiter", t + " and so on") for s, t in PAIRS]
+    cfg = TokenizerConfig(type="bpe", vocab_size=60)
+    train_or_load_tokenizers(
+        cfg, [s for s, _ in other], [t for _, t in other], tmp_path / "o.model", tmp_path / "o.model"
+    )
+    shutil.copy(tmp_path / "o.model", run / "spm.model")
+    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    one_line_error(done, "spm.model is not the SentencePiece model it was trained with", "best_")
+
+
+def test_a_changed_config_is_named_with_its_key(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    values = yaml.safe_load((run / "config.yaml").read_text())
+    values["model"]["ff_size"] = 256
+    (run / "config.yaml").write_text(yaml.safe_dump(values))
+    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    one_line_error(done, "model.ff_size is 128 in the checkpoint, 256 in config.yaml")
+
+
+def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    [best] = (run / "checkpoints").glob("best_*.pt")
+    best.write_bytes(os.urandom(20_000))
+    best.with_name(best.name + ".sha256").unlink()
+    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    err = one_line_error(done, "not a checkpoint", "damaged")
+    assert "Python objects" not in err
+
+
+# ---------------------------------------------------------------------------- a translate that streams
+
+
+def test_a_line_on_stdin_is_answered_before_the_input_ends(trained):
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "--model", str(trained / "run"), "--beam-size", "1"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        answers = []
+        for source, _ in PAIRS[:2]:
+            proc.stdin.write(source.encode() + b"\n")
+            proc.stdin.flush()
+            ready, _, _ = select.select([proc.stdout], [], [], 120)
+            assert ready, "no answer while the input is still open"
+            answers.append(proc.stdout.readline().decode().rstrip("\n"))
+        assert answers == [t for _, t in PAIRS[:2]]
+    finally:
+        proc.communicate(timeout=60)  # closes stdin: the end of the input
+    assert proc.returncode == 0
+
+
+def test_sigint_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path):
+    out = tmp_path / "out.en"
+    out.write_text("an older translation\n")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "--model", str(trained / "run"), "--stream", "-o", str(out)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    proc.stdin.write("".join(s + "\n" for s, _ in PAIRS[:3]).encode())
+    proc.stdin.flush()  # and keep stdin open: the command waits for more
+
+    def three_lines_written() -> bool:
+        found = list(tmp_path.glob(".out.en.tmp*"))
+        return bool(found) and found[0].read_text().count("\n") == 3
+
+    wait_for(three_lines_written, proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert f"{out}.partial" in err.decode() and "Traceback" not in err.decode()
+    assert (tmp_path / "out.en.partial").read_text().splitlines() == [t for _, t in PAIRS[:3]]
+    assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
+
+
+def test_nbest_beyond_the_beam_is_an_error(trained):
+    done = nmt(
+        "translate", "--model", trained / "run", "--nbest", "5", "--beam-size", "3", "-i", trained / "data" / "train.de"
+    )
+    one_line_error(done, "--nbest 5 is more than the beam size 3")
+
+
+def test_progress_counts_source_tokens(trained):
+    run = RunDir.existing(trained / "run")
+    from nmt.translate import load_translator
+
+    translator = load_translator(run, "cpu", "fp32")
+    lines = [s for s, _ in PAIRS] * 5
+    counted = []
+    translator.translate(lines, run.config().decode, progress=counted.append)
+    assert sum(counted) == sum(len(ids) + 1 for ids in translator.src_tok.encode(lines))
+
+
+def test_run_layout(tmp_path):
+    cfg = yaml.safe_load(tiny_config(tmp_path).read_text())
+    from nmt.config import config_from_dict
+
+    joint = config_from_dict(cfg)
+    cfg["tokenizer"]["joint"] = False
+    cfg["model"]["tie_embeddings"] = False
+    separate = config_from_dict(cfg)
+    run = RunDir(tmp_path / "r")
+    assert run.tokenizer_paths(joint) == (tmp_path / "r" / "spm.model",) * 2
+    assert run.tokenizer_paths(separate) == (tmp_path / "r" / "spm.de.model", tmp_path / "r" / "spm.en.model")
