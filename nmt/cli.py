@@ -154,7 +154,8 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
         translator = load_translator(run, args.device, args.precision, _log)
         bar = _progress_bar(source, translator.src_tok)
         windows = input_windows(source, 1 if getattr(args, "stream", False) else WINDOW_LINES)
-        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None)
+        maps = _attention_writer(args, run, translator)
+        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, maps)
     except KeyboardInterrupt:
         message = f"interrupted after {sink.lines} output lines"
         if isinstance(sink, LineWriter):
@@ -170,11 +171,37 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
     return done
 
 
+def _attention_selection(args: argparse.Namespace, run):
+    """--attention-layer/--attention-head, checked against the run's model before any work."""
+    from nmt.attention_maps import Selection, recorded_shape
+
+    layer = Selection.parse(args.attention_layer, "--attention-layer")
+    selection = Selection(layer, Selection.parse(args.attention_head, "--attention-head"))
+    selection.check(*recorded_shape(run.config().model))
+    return selection
+
+
+def _attention_writer(args: argparse.Namespace, run, translator):
+    if not getattr(args, "attention", None):
+        return None
+    from nmt.attention_maps import AttentionWriter
+
+    selection = _attention_selection(args, run)
+    return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
+    from nmt.files import check_output_dir
     from nmt.rundir import RunDir
 
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
     _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
+    if args.attention:
+        from nmt.attention_maps import figure_class
+
+        _attention_selection(args, run)
+        figure_class()
+        check_output_dir(Path(args.attention), [run.path], "--attention")
     source = _input_file(args.input, "--input")
     sink = _open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
     _translate_to(args, run, source, sink)
@@ -324,6 +351,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="translate each line of stdin alone, as soon as it is read (stdin is otherwise translated in "
         "windows of what has arrived: a line typed at a terminal is answered at once anyway)",
     )
+    p.add_argument(
+        "--attention",
+        metavar="DIR",
+        help="also write each line's attention map: DIR/NNNNN.png (heatmap) and DIR/NNNNN.json (all weights)",
+    )
+    p.add_argument("--attention-layer", default="-1", help="decoder layer to show (default -1, the last), or 'mean'")
+    p.add_argument("--attention-head", default="mean", help="attention head to show, or 'mean' (default)")
     p.add_argument(
         "--nbest",
         type=_positive_int,

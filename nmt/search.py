@@ -32,6 +32,7 @@ class Hypothesis:
     tokens: list[int]  # without BOS and EOS
     log_prob: float  # sum over the steps of log p(y_t | y_<t, x), the EOS step included
     steps: int  # decoding steps taken: len(tokens) + 1 when it ended with EOS
+    attention: torch.Tensor | None = None  # (steps, layers, heads, S) fp32 weights over the padded source
 
     def score(self, length_penalty: float) -> float:
         """The length-normalised score beam search ranks by: log_prob / steps ** length_penalty."""
@@ -81,10 +82,26 @@ def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tu
     return top_scores, top_idx // width, ids.view(n, K * width).gather(1, top_idx)
 
 
-def _hypothesis(ids: list[int], log_prob: float, eos_id: int) -> Hypothesis:
+def _hypothesis(ids: list[int], log_prob: float, eos_id: int, attention: torch.Tensor | None = None) -> Hypothesis:
     """``ids`` as generated (EOS last if it ended) -> a Hypothesis without the EOS."""
     ended = bool(ids) and ids[-1] == eos_id
-    return Hypothesis(ids[:-1] if ended else ids, log_prob, len(ids))
+    return Hypothesis(ids[:-1] if ended else ids, log_prob, len(ids), attention)
+
+
+def _init_state(model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, attention: bool):
+    memory = model.encode(src, src_mask)
+    return model.init_state(memory, record_attention=True) if attention else model.init_state(memory)
+
+
+def _grow(history: torch.Tensor | None, rows: torch.Tensor | None, step: torch.Tensor | None) -> torch.Tensor | None:
+    """Attention history (N, t, ...) of the rows continued, with this step's weights (N', ...) appended."""
+    if step is None:
+        return None
+    if rows is not None:
+        step = step.index_select(0, rows)
+        history = history.index_select(0, rows) if history is not None else None
+    step = step[:, None].float()
+    return step if history is None else torch.cat([history, step], dim=1)
 
 
 # ---------------------------------------------------------------------------- greedy
@@ -92,15 +109,23 @@ def _hypothesis(ids: list[int], log_prob: float, eos_id: int) -> Hypothesis:
 
 @torch.no_grad()
 def greedy_search(
-    model: Seq2Seq, src: torch.Tensor, src_mask: torch.Tensor, max_len: torch.Tensor, bos_id: int, eos_id: int
+    model: Seq2Seq,
+    src: torch.Tensor,
+    src_mask: torch.Tensor,
+    max_len: torch.Tensor,
+    bos_id: int,
+    eos_id: int,
+    attention: bool = False,
 ) -> list[Hypothesis]:
     """Arg-max decoding: y_t = argmax_y log p(y | y_<t, x), until EOS or ``max_len`` steps.
 
-    src, src_mask (B, S); max_len (B,) per-sentence step limits (``max_output_lengths``).
+    src, src_mask (B, S); max_len (B,) per-sentence step limits (``max_output_lengths``). With
+    ``attention``, each hypothesis carries the weights over the source of every step.
     """
     B, device = src.shape[0], src.device
     limit = max_len.to(device).long()  # (n,)
-    state = model.init_state(model.encode(src, src_mask))
+    state = _init_state(model, src, src_mask, attention)
+    weights = None  # (n, t, L, H, S) with attention
     alive = torch.arange(B, device=device)  # (n,) original sentence of each row
     tokens = torch.full((B,), bos_id, dtype=torch.long, device=device)  # (n,)
     log_prob = torch.zeros(B, device=device)  # (n,)
@@ -108,6 +133,7 @@ def greedy_search(
     out: list[Hypothesis | None] = [None] * B
     for t in range(int(limit.max())):
         logits, state = model.decode_step(tokens, state)  # (n, V)
+        weights = _grow(weights, None, model.step_attention(state))
         best, ids = top_log_probs(logits, 1)  # (n, 1): the arg-max and its log-probability
         tokens = ids[:, 0]
         log_prob += best[:, 0]
@@ -116,13 +142,16 @@ def greedy_search(
         if not bool(done.any()):
             continue
         done_rows = done.nonzero().squeeze(1)
-        for i, ids_, lp in zip(alive[done_rows].tolist(), history[done_rows].tolist(), log_prob[done_rows].tolist()):
-            out[i] = _hypothesis(ids_, lp, eos_id)
+        for j, (i, ids_, lp) in enumerate(
+            zip(alive[done_rows].tolist(), history[done_rows].tolist(), log_prob[done_rows].tolist())
+        ):
+            out[i] = _hypothesis(ids_, lp, eos_id, None if weights is None else weights[done_rows[j]].cpu())
         keep = (~done).nonzero().squeeze(1)
         if keep.numel() == 0:
             break
         state = model.reorder_state(state, keep)
         alive, tokens, history, limit, log_prob = (x[keep] for x in (alive, tokens, history, limit, log_prob))
+        weights = None if weights is None else weights[keep]
     return out  # type: ignore[return-value]  # every sentence finished by its limit
 
 
@@ -140,6 +169,7 @@ class _Beams:
     limit: torch.Tensor  # (n,) step limit of each sentence
     bar: torch.Tensor  # (n,) K-th best finished normalised score; -inf while fewer than K have finished
     state: object  # the model's decoder state, n*K rows
+    attention: torch.Tensor | None = None  # (n*K, t, L, H, S) weights of every step so far, if recorded
 
 
 @torch.no_grad()
@@ -153,8 +183,10 @@ def beam_search(
     bos_id: int,
     eos_id: int,
     nbest: int = 1,
+    attention: bool = False,
 ) -> list[list[Hypothesis]]:
-    """Batched beam search; per sentence its ``nbest`` best hypotheses, best first.
+    """Batched beam search; per sentence its ``nbest`` best hypotheses, best first (with
+    ``attention``, each carries the weights over the source of every step, reordered with its beam).
 
     Each step, per sentence (Koehn, "Statistical Machine Translation", ch. 6; Wu et al., 2016):
       1. expand: score every continuation y of every alive beam h: score(h) + log p(y | h, x),
@@ -171,7 +203,7 @@ def beam_search(
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest {nbest} must be between 1 and beam_size {beam_size}")
     B, K, device = src.shape[0], beam_size, src.device
-    state = model.init_state(model.encode(src, src_mask))
+    state = _init_state(model, src, src_mask, attention)
     scores = torch.full((B, K), -math.inf, device=device)
     scores[:, 0] = 0.0  # all beams start identical: let only the first one expand at step 0
     beams = _Beams(
@@ -183,15 +215,17 @@ def beam_search(
         bar=torch.full((B,), -math.inf, device=device),
         state=model.reorder_state(state, torch.arange(B, device=device).repeat_interleave(K)),
     )
-    finished: list[list[tuple[float, float, list[int]]]] = [[] for _ in range(B)]  # (norm. score, log p, ids)
+    finished: list[list[tuple]] = [[] for _ in range(B)]  # (normalised score, log p, ids, attention)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
     t = 0
     while beams.sentence:
         logits, beams.state = model.decode_step(beams.tokens, beams.state)  # (n*K, V)
+        step_attention = model.step_attention(beams.state)  # (n*K, L, H, S) or None
         top_scores, top_beam, top_tok = best_continuations(beams.scores, logits, 2 * K)  # (n, 2K)
         norm = float(t + 1) ** length_penalty
-        _finish(beams, finished, top_scores, top_beam, top_tok, norm, K, eos_id)
+        _finish(beams, finished, top_scores, top_beam, top_tok, norm, K, eos_id, step_attention)
         rows = _prune(beams, top_scores, top_beam, top_tok, K, eos_id)
+        beams.attention = _grow(beams.attention, rows, step_attention)
         rows = _retire_done(beams, finished, results, rows, t, norm, K, nbest, eos_id)
         if beams.sentence:
             beams.state = model.reorder_state(beams.state, rows)
@@ -199,7 +233,9 @@ def beam_search(
     return results
 
 
-def _finish(beams: _Beams, finished: list, top_scores, top_beam, top_tok, norm: float, K: int, eos_id: int) -> None:
+def _finish(
+    beams: _Beams, finished: list, top_scores, top_beam, top_tok, norm: float, K: int, eos_id: int, step_attention
+) -> None:
     """Step 2: candidates among each sentence's best K that end in EOS join its finished list."""
     is_eos = top_tok[:, :K] == eos_id  # (n, K)
     hits = (is_eos & (top_scores[:, :K] > -math.inf)).nonzero()  # (h, 2): sentence, rank
@@ -210,9 +246,13 @@ def _finish(beams: _Beams, finished: list, top_scores, top_beam, top_tok, norm: 
     log_probs = top_scores[hits[:, 0], hits[:, 1]].tolist()
     sentences = hits[:, 0].tolist()
     for i, row, lp in zip(sentences, rows, log_probs):
-        finished[beams.sentence[i]].append((lp / norm, lp, beams.history[row].tolist() + [eos_id]))
+        weights = None
+        if step_attention is not None:
+            index = torch.tensor([row], device=top_tok.device)
+            weights = _grow(beams.attention, index, step_attention)[0].cpu()
+        finished[beams.sentence[i]].append((lp / norm, lp, beams.history[row].tolist() + [eos_id], weights))
     for i in set(sentences):
-        kept = sorted((s for s, _, _ in finished[beams.sentence[i]]), reverse=True)
+        kept = sorted((h[0] for h in finished[beams.sentence[i]]), reverse=True)
         if len(kept) >= K:
             beams.bar[i] = kept[K - 1]
 
@@ -246,13 +286,20 @@ def _retire_done(
         if at_limit[i]:
             alive_log_probs = beams.scores[i].tolist()
             alive_ids = beams.history[i * K : (i + 1) * K].tolist()
-            hyps += [(lp / norm, lp, ids) for lp, ids in zip(alive_log_probs, alive_ids) if lp > -math.inf]
+            alive_weights = [None] * K if beams.attention is None else beams.attention[i * K : (i + 1) * K].cpu()
+            hyps += [
+                (lp / norm, lp, ids, w)
+                for lp, ids, w in zip(alive_log_probs, alive_ids, alive_weights)
+                if lp > -math.inf
+            ]
         hyps.sort(key=lambda h: -h[0])  # stable: among equal scores, finished ones first
-        results[beams.sentence[i]] = [_hypothesis(ids, lp, eos_id) for _, lp, ids in hyps[:nbest]]
+        results[beams.sentence[i]] = [_hypothesis(ids, lp, eos_id, w) for _, lp, ids, w in hyps[:nbest]]
         finished[beams.sentence[i]] = []
     keep = (~done).nonzero().squeeze(1)  # (n',)
     beams.sentence = [beams.sentence[i] for i in keep.tolist()]
     beams.scores, beams.bar, beams.limit = beams.scores[keep], beams.bar[keep], beams.limit[keep]
     beams.tokens = beams.tokens.view(n, K)[keep].view(-1)
     beams.history = beams.history.view(n, K, -1)[keep].flatten(0, 1)
+    if beams.attention is not None:
+        beams.attention = beams.attention.view(n, K, *beams.attention.shape[1:])[keep].flatten(0, 1)
     return rows.view(n, K)[keep].view(-1)

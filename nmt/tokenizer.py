@@ -86,6 +86,10 @@ class Tokenizer:
             return []
         return self._sp.encode(lines, out_type=int, num_threads=self._threads)
 
+    def pieces(self, ids: list[int]) -> list[str]:
+        """The subword pieces of ``ids`` as the model sees them (attention-map labels)."""
+        return [self._sp.id_to_piece(i) for i in ids]
+
     def decode(self, ids: list[list[int]]) -> list[str]:
         """Detokenized text; pad/bos/eos ids are dropped rather than rendered."""
         cleaned = [[i for i in row if i not in self._specials] for row in ids]

@@ -56,9 +56,11 @@ class Translator:
         src_ids: list[list[int]],
         decode: DecodeConfig,
         progress: Callable[[int], None] | None = None,
+        attention: bool = False,
     ) -> list[list[Hypothesis]]:
         """The n-best hypotheses of each sentence, best first, in input order. ``progress`` is told
-        the source tokens of each batch done (the cost of a sentence grows with its length)."""
+        the source tokens of each batch done (the cost of a sentence grows with its length). With
+        ``attention`` each hypothesis carries its weights over the sentence's source tokens (EOS last)."""
         was_training = self.model.training
         self.model.eval()
         tok = self.trg_tok
@@ -78,7 +80,9 @@ class Translator:
                 batch = batch.to(self.device)
                 limit = max_output_lengths(batch.src_mask, decode.max_len_a, decode.max_len_b)
                 if decode.beam_size == 1 and decode.nbest == 1:
-                    found = greedy_search(self.model, batch.src, batch.src_mask, limit, tok.bos_id, tok.eos_id)
+                    found = greedy_search(
+                        self.model, batch.src, batch.src_mask, limit, tok.bos_id, tok.eos_id, attention
+                    )
                     nbest = [[h] for h in found]
                 else:
                     nbest = beam_search(
@@ -91,8 +95,11 @@ class Translator:
                         bos_id=tok.bos_id,
                         eos_id=tok.eos_id,
                         nbest=decode.nbest,
+                        attention=attention,
                     )
                 for row, hyps in zip(rows, nbest):
+                    for h in hyps if attention else ():
+                        h.attention = h.attention[..., : lengths[row] + 1]  # the sentence's own tokens and EOS
                     results[row] = hyps
                 if progress is not None:
                     progress(sum(lengths[i] + 1 for i in rows))
@@ -106,7 +113,11 @@ class Translator:
         return [[text for text, _ in hyps] for hyps in self.translate_scored(lines, decode, progress)]
 
     def translate_scored(
-        self, lines: list[str], decode: DecodeConfig, progress: Callable[[int], None] | None = None
+        self,
+        lines: list[str],
+        decode: DecodeConfig,
+        progress: Callable[[int], None] | None = None,
+        attention: bool = False,
     ) -> list[list[tuple[str, Hypothesis | None]]]:
         """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
         (one empty translation, no hypothesis)."""
@@ -114,7 +125,7 @@ class Translator:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         filled = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.src_tok.encode([lines[i] for i in filled])
-        nbest = self.translate_ids(src_ids, decode, progress)
+        nbest = self.translate_ids(src_ids, decode, progress, attention)
         texts = iter(self.trg_tok.decode([h.tokens for hyps in nbest for h in hyps]))
         out: list[list[tuple[str, Hypothesis | None]]] = [[("", None)] for _ in lines]
         for i, hyps in zip(filled, nbest):
@@ -210,12 +221,19 @@ def translate_stream(
     decode: DecodeConfig,
     write: Callable[[list[str]], None],
     progress: Callable[[int], None] | None = None,
+    attention: Callable[[int, str, str, Hypothesis], None] | None = None,
 ) -> int:
     """Translate window after window, handing each window's output lines to ``write`` in input
-    order as soon as it is done (n-best lines with ``decode.nbest`` > 1); returns the lines read."""
+    order as soon as it is done (n-best lines with ``decode.nbest`` > 1); returns the lines read.
+    ``attention``, if given, receives (line index, source, translation, best hypothesis) of every
+    non-blank line, the hypothesis with its attention weights."""
     done = 0
     for window in windows:
-        scored = translator.translate_scored(window, decode, progress)
+        scored = translator.translate_scored(window, decode, progress, attention is not None)
+        for i, hyps in enumerate(scored if attention is not None else ()):
+            text, best = hyps[0]
+            if best is not None:
+                attention(done + i, window[i], text, best)
         if decode.nbest > 1:
             lines = [out for i, hyps in enumerate(scored) for out in nbest_lines(done + i, hyps, decode.length_penalty)]
         else:

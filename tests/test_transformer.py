@@ -5,7 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from nmt.models import build_model
-from nmt.models.transformer import Transformer, TransformerConfig, subsequent_mask
+from nmt.models.multihead import subsequent_mask
+from nmt.models.transformer import Transformer, TransformerConfig
 
 PAD, BOS, EOS, V = 0, 1, 2, 23
 

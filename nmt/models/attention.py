@@ -42,8 +42,6 @@ def weighted_sum(weights: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 class Attention(nn.Module):
     """Base class: subclasses define ``precompute_keys`` and ``score``."""
 
-    kind: str
-
     def precompute_keys(self, keys: torch.Tensor) -> torch.Tensor:
         """keys (B, S, Hk) -> what ``score`` needs of them, computed once per sentence."""
         raise NotImplementedError
@@ -69,8 +67,6 @@ class Attention(nn.Module):
 class DotAttention(Attention):
     """score = qᵀ k; no parameters, needs query and key of the same size."""
 
-    kind = "dot"
-
     def precompute_keys(self, keys: torch.Tensor) -> torch.Tensor:
         return keys
 
@@ -80,8 +76,6 @@ class DotAttention(Attention):
 
 class BilinearAttention(Attention):
     """score = qᵀ W k, with W k precomputed: (B, S, Hk) -> (B, S, Hq)."""
-
-    kind = "general"
 
     def __init__(self, query_size: int, key_size: int):
         super().__init__()
@@ -96,8 +90,6 @@ class BilinearAttention(Attention):
 
 class AdditiveAttention(Attention):
     """score = vᵀ tanh(W₁ q + W₂ k + b), with W₂ k + b precomputed: (B, S, Hk) -> (B, S, D)."""
-
-    kind = "mlp"
 
     def __init__(self, query_size: int, key_size: int, hidden_size: int):
         super().__init__()

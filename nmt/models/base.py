@@ -37,8 +37,9 @@ class Seq2Seq(nn.Module):
         """Decoder over a whole target prefix [B, T] -> logits [B, T, V]."""
         raise NotImplementedError
 
-    def init_state(self, memory: Any) -> Any:
-        """Decoder state before the first step: caches of keys/values, RNN hidden state, ..."""
+    def init_state(self, memory: Any, record_attention: bool = False) -> Any:
+        """Decoder state before the first step: caches of keys/values, RNN hidden state, ...
+        With ``record_attention`` every step keeps the attention weights it used (``step_attention``)."""
         raise NotImplementedError
 
     def decode_step(self, prev_tokens: torch.Tensor, state: Any) -> tuple[torch.Tensor, Any]:
@@ -52,6 +53,11 @@ class Seq2Seq(nn.Module):
     def reorder_state(self, state: Any, index: torch.Tensor) -> Any:
         """Select rows of every tensor in the state (beam reordering, finished sentences leaving)."""
         raise NotImplementedError
+
+    def step_attention(self, state: Any) -> torch.Tensor | None:
+        """The weights over the source of the last step, (N, layers, heads, S) fp32, rows summing to
+        1 and exactly 0 at padding, if ``state`` records them (``init_state(record_attention=True)``)."""
+        return None
 
     def num_parameters(self) -> int:
         """Trainable parameters, each shared (tied) tensor counted once."""

@@ -88,6 +88,8 @@ class RNNState:
     cell: torch.Tensor | None  # (L_dec, N, H) LSTM cell; None for GRU
     feed: torch.Tensor  # (N, H) previous attentional vector h̃ (zeros before the first step)
     step: int  # target tokens consumed so far
+    record_attention: bool = False  # keep each step's attention weights (attention maps)
+    attention: torch.Tensor | None = None  # (N, 1, 1, S) fp32: the last step's alignment, when recorded
 
 
 def final_states_by_layer(final: torch.Tensor, layers: int, directions: int) -> torch.Tensor:
@@ -218,7 +220,7 @@ class RNNSeq2Seq(Seq2Seq):
         keys = self.attention.precompute_keys(outputs)  # (B, S, *)
         return RNNMemory(outputs, keys, src_mask, final_h, final_c)
 
-    def init_state(self, memory: RNNMemory) -> RNNState:
+    def init_state(self, memory: RNNMemory, record_attention: bool = False) -> RNNState:
         """Bridge: h^dec_0[l] = tanh(W_h[l] h^enc_final[min(l, L_enc - 1)]), likewise c for LSTM."""
         source_layer = [min(layer, self.encoder_layers - 1) for layer in range(self.decoder_layers)]
         hidden = torch.stack([torch.tanh(w(memory.final_h[j])) for w, j in zip(self.bridge_h, source_layer)])
@@ -227,7 +229,7 @@ class RNNSeq2Seq(Seq2Seq):
             cell = torch.stack([torch.tanh(w(memory.final_c[j])) for w, j in zip(self.bridge_c, source_layer)])
         batch = memory.outputs.size(0)
         feed = memory.outputs.new_zeros(batch, self.hidden_size)  # (N, H)
-        return RNNState(memory, hidden, cell, feed, step=0)  # hidden, cell: (L_dec, N, H)
+        return RNNState(memory, hidden, cell, feed, 0, record_attention)  # hidden, cell: (L_dec, N, H)
 
     # ---- decoder ----
 
@@ -242,9 +244,12 @@ class RNNSeq2Seq(Seq2Seq):
         else:
             out, (hidden, cell) = self.decoder(x, (state.hidden, state.cell))
         mem = state.memory
-        context, _ = self.attention(out, mem.outputs, mem.keys, mem.mask)  # (N, t, H_enc)
+        context, weights = self.attention(out, mem.outputs, mem.keys, mem.mask)  # (N, t, H_enc), (N, t, S)
         h_tilde = self.dropout(torch.tanh(self.combine(torch.cat([out, context.to(out.dtype)], dim=-1))))
-        new_state = replace(state, hidden=hidden, cell=cell, feed=h_tilde[:, -1], step=state.step + emb.size(1))
+        attention = weights[:, -1, None, None, :] if state.record_attention else None  # (N, 1, 1, S)
+        new_state = replace(
+            state, hidden=hidden, cell=cell, feed=h_tilde[:, -1], step=state.step + emb.size(1), attention=attention
+        )
         return h_tilde, new_state  # (N, t, H)
 
     def _logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
@@ -270,10 +275,14 @@ class RNNSeq2Seq(Seq2Seq):
         return self._logits(h_tilde.squeeze(1)), state  # (N, V)
 
     def reorder_state(self, state: RNNState, index: torch.Tensor) -> RNNState:
-        return RNNState(
+        return replace(
+            state,
             memory=state.memory.index_select(index),
             hidden=state.hidden.index_select(1, index),
             cell=None if state.cell is None else state.cell.index_select(1, index),
             feed=state.feed.index_select(0, index),
-            step=state.step,
+            attention=None if state.attention is None else state.attention.index_select(0, index),
         )
+
+    def step_attention(self, state: RNNState) -> torch.Tensor | None:
+        return state.attention

@@ -3,14 +3,8 @@
     x_0 = sqrt(d) * E[tokens] + P[positions]                   (embeddings, then dropout)
     post-norm (the paper):  x = LayerNorm(x + Dropout(Sublayer(x)))
     pre-norm:               x = x + Dropout(Sublayer(LayerNorm(x)))   (+ a final LayerNorm)
-    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V         (per head, h heads)
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V         (per head, h heads; multihead.py)
     FFN(x) = max(0, x W_1 + b_1) W_2 + b_2
-
-Attention goes through ``F.scaled_dot_product_attention`` or the explicit formula, whichever was
-measured faster for the device and precision (see ``attention`` and nmt/autotune.py).
-Masks are boolean and True where attention is allowed, as SDPA expects; the only masks are
-key-padding masks over the source (every source row has a real key: its EOS) and the causal
-mask of the decoder, so no softmax row is ever fully masked and padding never yields NaN.
 
 Incremental decoding keeps, per decoder layer, the cross-attention keys/values (computed once
 per sentence by ``init_state``) and the self-attention keys/values of the prefix, grown by one
@@ -30,7 +24,8 @@ from torch import nn
 
 from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
-from nmt.models.dropout import Dropout, dropout
+from nmt.models.dropout import Dropout
+from nmt.models.multihead import KV, CrossAttention, SelfAttention, key_padding_mask
 
 
 @dataclass
@@ -69,138 +64,6 @@ def sinusoidal_positions(length: int, d_model: int) -> torch.Tensor:
     table[:, 0::2] = torch.sin(angles)
     table[:, 1::2] = torch.cos(angles[:, : d_model // 2])
     return table
-
-
-def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
-    """(T, T) bool, True at [i, j] iff j <= i: position i may attend to itself and the past only.
-
-    The decoder passes ``is_causal=True`` to SDPA instead (same mask, no tensor); this helper
-    documents the mask and serves tests and callers that need it explicitly.
-    """
-    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
-
-
-def key_padding_mask(src_mask: torch.Tensor) -> torch.Tensor:
-    """(B, S) True at real tokens -> (B, 1, 1, S), broadcast over heads and query positions."""
-    return src_mask[:, None, None, :]
-
-
-def split_heads(x: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, ...]:
-    """(B, T, parts*D) -> ``parts`` views (B, H, T, D/H); no copy (SDPA accepts strided inputs)."""
-    B, T, _ = x.shape
-    return x.view(B, T, parts, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
-
-
-def select_and_append(cache: torch.Tensor, index: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    """cat([cache[index], new], dim=2): cache (N, H, t, hd), index (N',) or None, new (N', H, 1, hd).
-
-    -> (N', H, t+1, hd), contiguous. With an index the rows are gathered straight into the grown
-    buffer: one pass over the cache instead of two (index_select, then cat); beam search
-    reorders the cache every step.
-    """
-    if index is None:
-        return torch.cat([cache, new], dim=2)
-    N, H, t, hd = new.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
-    out = cache.new_empty(N, H, t + 1, hd)
-    torch.index_select(cache, 0, index, out=out[:, :, :t])
-    out[:, :, t:] = new
-    return out
-
-
-def attention(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    mask: torch.Tensor | None = None,
-    dropout_p: float = 0.0,
-    causal: bool = False,
-    kernel: str = "sdpa",
-) -> torch.Tensor:
-    """softmax(Q K^T / sqrt(hd) + mask) V: q (B, H, Tq, hd), k and v (B, H, Tk, hd) -> (B, H, Tq, hd).
-
-    ``kernel`` "sdpa" is PyTorch's fused ``scaled_dot_product_attention``; "explicit" is the
-    formula itself, two batched matmuls and a softmax in fp32. Which is faster depends on the
-    device and the precision (on one AMX CPU: SDPA 1.7x faster in fp32, 5.6x slower in bf16, for
-    training at NMT's short lengths), so ``auto`` measures it (nmt/autotune.py).
-    """
-    if kernel == "sdpa":
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
-    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
-    if causal:
-        Tq, Tk = scores.shape[-2:]
-        future = ~subsequent_mask(Tk, scores.device)[Tk - Tq :]  # (Tq, Tk), True where j > i
-        scores = scores.masked_fill(future, float("-inf"))
-    if mask is not None:
-        scores = scores.masked_fill(~mask, float("-inf"))
-    weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(v.dtype)
-    if dropout_p > 0.0:
-        weights = dropout(weights, dropout_p)
-    return weights @ v
-
-
-def merge_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, H, T, hd) -> (B, T, H*hd)."""
-    B, H, T, hd = x.shape
-    return x.transpose(1, 2).reshape(B, T, H * hd)
-
-
-# ---------------------------------------------------------------------------- sublayers
-
-KV = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, H, T, hd)
-
-
-class SelfAttention(nn.Module):
-    """Multi-head self-attention with one fused Q/K/V projection (d -> 3d)."""
-
-    def __init__(self, d_model: int, heads: int, dropout: float):
-        super().__init__()
-        self.heads, self.d_model, self.dropout = heads, d_model, dropout
-        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
-        self.qkv = nn.Linear(d_model, 3 * d_model)
-        self.out = nn.Linear(d_model, d_model)
-
-    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
-        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, hd)
-        p = self.dropout if self.training else 0.0
-        y = attention(q, k, v, mask, p, causal, self.kernel)  # (B, H, T, hd)
-        return self.out(merge_heads(y))  # (B, T, D)
-
-    def step(self, x: torch.Tensor, cache: KV | None, index: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
-        """One new position x (N, 1, D) attending to the prefix: cache[index] (N, H, t, hd) -> (N, H, t+1, hd).
-
-        The caches are head-major and contiguous, so the attention matmuls read them in place.
-        """
-        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (N, H, 1, hd)
-        if cache is None:
-            k, v = k.contiguous(), v.contiguous()
-        else:
-            k, v = select_and_append(cache[0], index, k), select_and_append(cache[1], index, v)  # (N, H, t+1, hd)
-        y = attention(q, k, v, kernel=self.kernel)  # (N, H, 1, hd): the new position sees the whole prefix
-        return self.out(merge_heads(y)), (k, v)
-
-
-class CrossAttention(nn.Module):
-    """Multi-head attention from decoder queries to encoder memory; fused K/V projection (d -> 2d)."""
-
-    def __init__(self, d_model: int, heads: int, dropout: float):
-        super().__init__()
-        self.heads, self.dropout = heads, dropout
-        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
-        self.q = nn.Linear(d_model, d_model)
-        self.kv = nn.Linear(d_model, 2 * d_model)
-        self.out = nn.Linear(d_model, d_model)
-
-    def project_memory(self, memory: torch.Tensor) -> KV:
-        """Encoder output (B, S, D) -> keys and values, views (B, H, S, hd); once per sentence."""
-        k, v = split_heads(self.kv(memory), 2, self.heads)
-        return k, v
-
-    def forward(self, x: torch.Tensor, memory_kv: KV, mask: torch.Tensor) -> torch.Tensor:
-        (q,) = split_heads(self.q(x), 1, self.heads)  # (B, H, T, hd)
-        k, v = memory_kv  # (B, H, S, hd)
-        p = self.dropout if self.training else 0.0
-        y = attention(q, k, v, mask, p, kernel=self.kernel)  # (B, H, T, hd)
-        return self.out(merge_heads(y))  # (B, T, D)
 
 
 class FeedForward(nn.Module):
@@ -264,6 +127,8 @@ class DecoderState:
     self_kv: list[KV | None]  # per decoder layer: self-attention keys, values (N0, H, t, hd); None at t=0
     self_index: torch.Tensor | None  # (N,) rows of self_kv the hypotheses continue (a pending reorder) or None
     step: int = 0  # t: the position of the next input token
+    record_attention: bool = False  # keep each step's cross-attention weights (attention maps)
+    attention: torch.Tensor | None = None  # (N, L, H, S) fp32: the last step's, when recorded
 
 
 def group_size(rows: torch.Tensor, n: int) -> int:
@@ -303,25 +168,36 @@ class DecoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor) -> torch.Tensor:
         """Teacher forcing over the whole prefix: x (B, T, D), causal self-attention."""
         x = self.res_self.exit(x, self.self_attn(self.res_self.enter(x), causal=True))
-        return self._cross_and_ff(x, memory_kv, memory_mask)
+        return self._cross_and_ff(x, memory_kv, memory_mask)[0]
 
-    def step(self, x: torch.Tensor, state: DecoderState, i: int) -> tuple[torch.Tensor, KV]:
-        """One position x (N, 1, D), layer ``i`` of ``state``; returns the output and the grown self cache."""
+    def step(self, x: torch.Tensor, state: DecoderState, i: int) -> tuple[torch.Tensor, KV, torch.Tensor | None]:
+        """One position x (N, 1, D), layer ``i`` of ``state``; returns the output, the grown self cache
+        and, when the state records them, the cross-attention weights (N, H, S)."""
         h, cache = self.self_attn.step(self.res_self.enter(x), state.self_kv[i], state.self_index)
         x = self.res_self.exit(x, h)
         memory_kv, mask = state.memory_kv[i], state.memory_mask
         if not state.group:  # arbitrary rows: gather a memory copy per hypothesis
             rows = state.memory_rows
             memory_kv, mask = (memory_kv[0][rows], memory_kv[1][rows]), mask.index_select(0, rows)
-        return self._cross_and_ff(x, memory_kv, mask, state.group), cache
+        x, weights = self._cross_and_ff(x, memory_kv, mask, state.group, state.record_attention)
+        return x, cache, weights
 
-    def _cross_and_ff(self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, group: int = 0):
-        """group g > 0: x (n*g, 1, D) holds g consecutive queries per memory row, attending as (n, g, D)."""
+    def _cross_and_ff(
+        self, x: torch.Tensor, memory_kv: KV, memory_mask: torch.Tensor, group: int = 0, weights: bool = False
+    ):
+        """group g > 0: x (n*g, 1, D) holds g consecutive queries per memory row, attending as (n, g, D).
+        Returns the output and, with ``weights``, the cross-attention weights (N, H, S), else None."""
         h = self.res_cross.enter(x)
         if group:
             h = h.view(memory_mask.shape[0], group, -1)  # (n, g, D): one sentence's hypotheses share its memory
-        x = self.res_cross.exit(x, self.cross_attn(h, memory_kv, memory_mask).view_as(x))
-        return self.res_ff.exit(x, self.ff(self.res_ff.enter(x)))
+        w = None
+        if weights:
+            y, w = self.cross_attn.forward_with_weights(h, memory_kv, memory_mask)  # w (n, H, g, S)
+            w = w.transpose(1, 2).reshape(x.shape[0], w.shape[1], w.shape[-1])  # (N, H, S)
+        else:
+            y = self.cross_attn(h, memory_kv, memory_mask)
+        x = self.res_cross.exit(x, y.view_as(x))
+        return self.res_ff.exit(x, self.ff(self.res_ff.enter(x))), w
 
 
 # ---------------------------------------------------------------------------- model
@@ -413,21 +289,26 @@ class Transformer(Seq2Seq):
             x = layer(x, layer.cross_attn.project_memory(memory.states), memory.mask)
         return self.project(self.decoder_norm(x))  # (B, T, V)
 
-    def init_state(self, memory: EncoderOutput) -> DecoderState:
+    def init_state(self, memory: EncoderOutput, record_attention: bool = False) -> DecoderState:
         memory_kv = [  # once per sentence; contiguous so that every step's matmuls read them in place
             tuple(t.contiguous() for t in layer.cross_attn.project_memory(memory.states)) for layer in self.decoder
         ]
         rows = torch.arange(memory.states.shape[0], device=memory.states.device)
-        return DecoderState(memory_kv, memory.mask, rows, 1, [None] * len(self.decoder), None, 0)
+        return DecoderState(memory_kv, memory.mask, rows, 1, [None] * len(self.decoder), None, 0, record_attention)
 
     def decode_step(self, prev_tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
         x = self.embed(self.trg_embed, prev_tokens[:, None], start=state.step)  # (N, 1, D)
-        self_kv = []
+        self_kv, weights = [], []
         for i, layer in enumerate(self.decoder):
-            x, cache = layer.step(x, state, i)
+            x, cache, w = layer.step(x, state, i)
             self_kv.append(cache)
+            weights.append(w)
         logits = self.project(self.decoder_norm(x[:, 0]))  # (N, V): the only position computed
-        return logits, replace(state, self_kv=self_kv, self_index=None, step=state.step + 1)
+        attention = torch.stack(weights, dim=1) if state.record_attention else None  # (N, L, H, S)
+        return logits, replace(state, self_kv=self_kv, self_index=None, step=state.step + 1, attention=attention)
+
+    def step_attention(self, state: DecoderState) -> torch.Tensor | None:
+        return state.attention
 
     def reorder_state(self, state: DecoderState, index: torch.Tensor) -> DecoderState:
         """Keep hypotheses ``index`` (N',): the self caches are gathered by the next step (lazily);
@@ -443,7 +324,16 @@ class Transformer(Seq2Seq):
         else:
             self_index = index if state.self_index is None else state.self_index.index_select(0, index)
         group = group_size(rows, used.numel())
-        return DecoderState(memory_kv, mask, rows, group, state.self_kv, self_index, state.step)
+        attention = None if state.attention is None else state.attention.index_select(0, index)
+        return replace(
+            state,
+            memory_kv=memory_kv,
+            memory_mask=mask,
+            memory_rows=rows,
+            group=group,
+            self_index=self_index,
+            attention=attention,
+        )
 
     # -- accounting
 

@@ -1,0 +1,167 @@
+"""Multi-head attention (Vaswani et al., 2017, section 3.2), the Transformer's sublayers:
+
+    Attention(Q, K, V) = softmax(Q K^T / sqrt(d_k) + mask) V                 per head
+    MultiHead(x) = Concat(head_1, ..., head_h) W_O,  head_i = Attention(x W_Q_i, x W_K_i, x W_V_i)
+
+computed through ``F.scaled_dot_product_attention`` or the explicit formula, whichever was measured
+faster for the device and precision (see ``attention`` and nmt/autotune.py). Masks are boolean and
+True where attention is allowed, as SDPA expects; the only masks are key-padding masks over the
+source (every source row has a real key: its EOS) and the causal mask of the decoder, so no softmax
+row is ever fully masked and padding never yields NaN.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from nmt.models.dropout import dropout
+
+
+def subsequent_mask(size: int, device: torch.device | None = None) -> torch.Tensor:
+    """(T, T) bool, True at [i, j] iff j <= i: position i may attend to itself and the past only.
+
+    The decoder passes ``is_causal=True`` to SDPA instead (same mask, no tensor); this helper
+    documents the mask and serves tests and callers that need it explicitly.
+    """
+    return torch.ones(size, size, dtype=torch.bool, device=device).tril()
+
+
+def key_padding_mask(src_mask: torch.Tensor) -> torch.Tensor:
+    """(B, S) True at real tokens -> (B, 1, 1, S), broadcast over heads and query positions."""
+    return src_mask[:, None, None, :]
+
+
+def split_heads(x: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, ...]:
+    """(B, T, parts*D) -> ``parts`` views (B, H, T, D/H); no copy (SDPA accepts strided inputs)."""
+    B, T, _ = x.shape
+    return x.view(B, T, parts, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
+
+def select_and_append(cache: torch.Tensor, index: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
+    """cat([cache[index], new], dim=2): cache (N, H, t, hd), index (N',) or None, new (N', H, 1, hd).
+
+    -> (N', H, t+1, hd), contiguous. With an index the rows are gathered straight into the grown
+    buffer: one pass over the cache instead of two (index_select, then cat); beam search
+    reorders the cache every step.
+    """
+    if index is None:
+        return torch.cat([cache, new], dim=2)
+    N, H, t, hd = new.shape[0], cache.shape[1], cache.shape[2], cache.shape[3]
+    out = cache.new_empty(N, H, t + 1, hd)
+    torch.index_select(cache, 0, index, out=out[:, :, :t])
+    out[:, :, t:] = new
+    return out
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    dropout_p: float = 0.0,
+    causal: bool = False,
+    kernel: str = "sdpa",
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(hd) + mask) V: q (B, H, Tq, hd), k and v (B, H, Tk, hd) -> (B, H, Tq, hd).
+
+    ``kernel`` "sdpa" is PyTorch's fused ``scaled_dot_product_attention``; "explicit" is the
+    formula itself, two batched matmuls and a softmax in fp32. Which is faster depends on the
+    device and the precision (on one AMX CPU: SDPA 1.7x faster in fp32, 5.6x slower in bf16, for
+    training at NMT's short lengths), so ``auto`` measures it (nmt/autotune.py).
+    """
+    if kernel == "sdpa":
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
+    weights = attention_weights(q, k, mask, causal).to(v.dtype)
+    if dropout_p > 0.0:
+        weights = dropout(weights, dropout_p)
+    return weights @ v
+
+
+def attention_weights(
+    q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False
+) -> torch.Tensor:
+    """softmax(Q K^T / sqrt(hd) + mask) in fp32: q (B, H, Tq, hd), k (B, H, Tk, hd) -> (B, H, Tq, Tk).
+    Each row sums to 1; masked keys get exactly 0."""
+    scores = q @ k.transpose(-1, -2) * q.shape[-1] ** -0.5  # (B, H, Tq, Tk)
+    if causal:
+        Tq, Tk = scores.shape[-2:]
+        future = ~subsequent_mask(Tk, scores.device)[Tk - Tq :]  # (Tq, Tk), True where j > i
+        scores = scores.masked_fill(future, float("-inf"))
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    return torch.softmax(scores, dim=-1, dtype=torch.float32)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, H, T, hd) -> (B, T, H*hd)."""
+    B, H, T, hd = x.shape
+    return x.transpose(1, 2).reshape(B, T, H * hd)
+
+
+# ---------------------------------------------------------------------------- sublayers
+
+KV = tuple[torch.Tensor, torch.Tensor]  # keys and values, each (B, H, T, hd)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with one fused Q/K/V projection (d -> 3d)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.d_model, self.dropout = heads, d_model, dropout
+        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
+        self.qkv = nn.Linear(d_model, 3 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def forward(self, x: torch.Tensor, mask: torch.Tensor | None = None, causal: bool = False) -> torch.Tensor:
+        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (B, H, T, hd)
+        p = self.dropout if self.training else 0.0
+        y = attention(q, k, v, mask, p, causal, self.kernel)  # (B, H, T, hd)
+        return self.out(merge_heads(y))  # (B, T, D)
+
+    def step(self, x: torch.Tensor, cache: KV | None, index: torch.Tensor | None) -> tuple[torch.Tensor, KV]:
+        """One new position x (N, 1, D) attending to the prefix: cache[index] (N, H, t, hd) -> (N, H, t+1, hd).
+
+        The caches are head-major and contiguous, so the attention matmuls read them in place.
+        """
+        q, k, v = split_heads(self.qkv(x), 3, self.heads)  # each (N, H, 1, hd)
+        if cache is None:
+            k, v = k.contiguous(), v.contiguous()
+        else:
+            k, v = select_and_append(cache[0], index, k), select_and_append(cache[1], index, v)  # (N, H, t+1, hd)
+        y = attention(q, k, v, kernel=self.kernel)  # (N, H, 1, hd): the new position sees the whole prefix
+        return self.out(merge_heads(y)), (k, v)
+
+
+class CrossAttention(nn.Module):
+    """Multi-head attention from decoder queries to encoder memory; fused K/V projection (d -> 2d)."""
+
+    def __init__(self, d_model: int, heads: int, dropout: float):
+        super().__init__()
+        self.heads, self.dropout = heads, dropout
+        self.kernel = "sdpa"  # see ``attention``; set by Transformer.set_attention_kernel
+        self.q = nn.Linear(d_model, d_model)
+        self.kv = nn.Linear(d_model, 2 * d_model)
+        self.out = nn.Linear(d_model, d_model)
+
+    def project_memory(self, memory: torch.Tensor) -> KV:
+        """Encoder output (B, S, D) -> keys and values, views (B, H, S, hd); once per sentence."""
+        k, v = split_heads(self.kv(memory), 2, self.heads)
+        return k, v
+
+    def forward(self, x: torch.Tensor, memory_kv: KV, mask: torch.Tensor) -> torch.Tensor:
+        (q,) = split_heads(self.q(x), 1, self.heads)  # (B, H, T, hd)
+        k, v = memory_kv  # (B, H, S, hd)
+        p = self.dropout if self.training else 0.0
+        y = attention(q, k, v, mask, p, kernel=self.kernel)  # (B, H, T, hd)
+        return self.out(merge_heads(y))  # (B, T, D)
+
+    def forward_with_weights(self, x: torch.Tensor, memory_kv: KV, mask: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``forward`` in eval mode, by the explicit formula, also returning the weights it used:
+        (B, T, D) and (B, H, T, S) fp32 (attention maps)."""
+        (q,) = split_heads(self.q(x), 1, self.heads)
+        k, v = memory_kv
+        weights = attention_weights(q, k, mask)  # (B, H, T, S)
+        return self.out(merge_heads(weights.to(v.dtype) @ v)), weights
