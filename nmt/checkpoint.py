@@ -24,7 +24,7 @@ from nmt import files, testhooks
 from nmt.errors import NMTError
 
 FORMAT = "nmt-checkpoint-1"
-_UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")
+_UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")  # average_*.pt files are named in index.json
 
 
 def atomic_write_bytes(path: Path, data: bytes) -> None:
@@ -150,18 +150,44 @@ class CheckpointManager:
         save(payload, self.directory / name)
         best = sorted(best + [{"file": name, "score": score, "update": update}], key=lambda b: -b["score"])
         kept, dropped = best[: self.keep_best], best[self.keep_best :]
-        atomic_write_bytes(self.index_path, json.dumps({"best": kept}, indent=1).encode())
+        atomic_write_bytes(self.index_path, json.dumps({**index, "best": kept}, indent=1).encode())
         for b in dropped:
             _remove(self.directory / b["file"])
         return True
 
+    def save_average(self, payload: dict, name: str, score: float, updates: list[int]) -> Path:
+        """An averaged model (``nmt.average``), recorded in the index with its dev score."""
+        path = self.directory / name
+        save(payload, path)
+        index = self.read_index()
+        index["average"] = {"file": name, "score": score, "updates": updates}
+        atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
+        return path
+
     def best_path(self) -> Path | None:
+        """The best single checkpoint by dev score."""
         for b in self.read_index().get("best", []):
             path = self.directory / b["file"]
             if path.exists():
                 return path
         found = list_checkpoints(self.directory, "best")
         return found[0].path if found else None
+
+    def average_path(self) -> tuple[Path, float] | None:
+        """The averaged model and its dev score, if the run has one."""
+        entry = self.read_index().get("average")
+        if entry and (self.directory / entry["file"]).exists():
+            return self.directory / entry["file"], entry["score"]
+        return None
+
+    def model_path(self) -> Path | None:
+        """What translation uses by default: the averaged model where its dev score beats the best
+        single checkpoint's, else the best single one."""
+        best, average = self.best_path(), self.average_path()
+        best_score = max((b["score"] for b in self.read_index().get("best", [])), default=float("-inf"))
+        if average is not None and (best is None or average[1] > best_score):
+            return average[0]
+        return best
 
     def load_latest_state(self, warn: Callable[[str], None]) -> tuple[Path, dict] | None:
         """Newest readable training state and its file; corrupt ones are reported and skipped."""

@@ -86,91 +86,6 @@ def _decode_config(args: argparse.Namespace, base):
     return decode
 
 
-class _Stdout:
-    """Standard output as a destination for lines: each window's lines as soon as they are done."""
-
-    lines = 0
-
-    def write(self, lines: list[str]) -> None:
-        sys.stdout.write("".join(line + "\n" for line in lines))
-        sys.stdout.flush()
-        self.lines += len(lines)
-
-    def commit(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
-
-
-def _open_output(path: str | None, inputs: list[Path], option: str):
-    """Where a command's lines go, checked before any work starts (see ``files.check_output``)."""
-    from nmt.files import LineWriter, check_output
-
-    if path is None or path == "-":
-        return _Stdout()
-    check_output(Path(path), inputs, option)
-    return LineWriter(Path(path))
-
-
-def _input_file(path: str | None, option: str) -> Path | None:
-    if path is None or path == "-":
-        return None
-    source = Path(path)
-    if not source.exists():
-        raise NMTError(f"{option} {path}: no such file")
-    if source.is_dir():
-        raise NMTError(f"{option} {path}: is a directory, expected a text file")
-    return source
-
-
-def _progress_bar(source: Path | None, tokenizer):
-    """A progress bar on a terminal, counting source tokens (a sentence costs by its length, so the
-    ETA holds); its total is known for a file, counted window by window before translating."""
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    from nmt.translate import input_windows
-
-    total = None
-    if source is not None:
-        total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
-    return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
-
-
-def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
-    """Translate ``source`` (stdin if None) into ``sink`` window by window; returns the lines read.
-    Interrupted, a file output keeps what was done as OUTPUT.partial and the old OUTPUT untouched."""
-    import signal
-
-    from nmt.files import LineWriter
-    from nmt.signals import Interrupted
-    from nmt.translate import WINDOW_LINES, input_windows, load_translator, translate_stream
-
-    bar = None
-    try:
-        decode = _decode_config(args, run.config().decode)
-        translator = load_translator(run, args.device, args.precision, _log)
-        bar = _progress_bar(source, translator.src_tok)
-        windows = input_windows(source, 1 if getattr(args, "stream", False) else WINDOW_LINES)
-        maps = _attention_writer(args, run, translator)
-        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, maps)
-    except KeyboardInterrupt:
-        message = f"interrupted after {sink.lines} output lines"
-        if isinstance(sink, LineWriter):
-            message = f"interrupted: the {sink.lines} lines done are in {sink.keep_partial()}; {sink.path} is unchanged"
-        raise Interrupted(message, signal.SIGINT) from None
-    except BaseException:
-        sink.discard()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    sink.commit()
-    return done
-
-
 def _attention_selection(args: argparse.Namespace, run):
     """--attention-layer/--attention-head, checked against the run's model before any work."""
     from nmt.attention_maps import Selection, recorded_shape
@@ -190,9 +105,26 @@ def _attention_writer(args: argparse.Namespace, run, translator):
     return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
 
 
+def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
+    """Translate ``source`` (stdin if None) into ``sink`` with the run's checkpoint and the decoding
+    options given; returns the lines read."""
+    from nmt.streams import translate_into
+    from nmt.translate import load_translator
+
+    try:
+        decode = _decode_config(args, run.config().decode)
+        translator = load_translator(run, args.device, args.precision, _log, args.checkpoint)
+        maps = _attention_writer(args, run, translator)
+    except BaseException:
+        sink.discard()
+        raise
+    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.files import check_output_dir
     from nmt.rundir import RunDir
+    from nmt.streams import input_file, open_output
 
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
     _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
@@ -202,8 +134,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         _attention_selection(args, run)
         figure_class()
         check_output_dir(Path(args.attention), [run.path], "--attention")
-    source = _input_file(args.input, "--input")
-    sink = _open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
+    source = input_file(args.input, "--input")
+    sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
     _translate_to(args, run, source, sink)
     return 0
 
@@ -215,21 +147,23 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     refs = [read_lines(Path(r)) for r in args.ref]
     if args.model:
         from nmt.rundir import RunDir
+        from nmt.streams import CollectedLines, StdoutLines, input_file, open_output
 
         if not args.src:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
         run = RunDir.existing(args.model)
-        source = _input_file(args.src, "--src")
+        _decode_config(args, run.config().decode)
+        source = input_file(args.src, "--src")
         n_src = sum(1 for _ in read_lines(source))
         if n_src != len(refs[0]):
             raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
         inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
         to_file = args.output not in (None, "-")
-        sink = _open_output(args.output, inputs, "--output") if to_file else _Collect()
+        sink = open_output(args.output, inputs, "--output") if to_file else CollectedLines()
         _translate_to(args, run, source, sink)
         hyps = read_lines(Path(args.output)) if to_file else sink.collected
         if args.output == "-":
-            _Stdout().write(hyps)
+            StdoutLines().write(hyps)
         hyp_name = f"translation of {args.src}"
     else:
         if not args.hyp:
@@ -246,22 +180,12 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Collect:
-    """Lines kept in memory: eval-bleu scores its translations without writing them anywhere."""
+def cmd_average(args: argparse.Namespace) -> int:
+    from nmt.average import average_run
+    from nmt.rundir import RunDir
 
-    def __init__(self):
-        self.collected: list[str] = []
-        self.lines = 0
-
-    def write(self, lines: list[str]) -> None:
-        self.collected += lines
-        self.lines += len(lines)
-
-    def commit(self) -> None:
-        pass
-
-    def discard(self) -> None:
-        pass
+    average_run(RunDir.existing(args.model), args.last, args.device, _log)
+    return 0
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -295,6 +219,13 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-len-b", type=int, help="see --max-len-a")
     g.add_argument("--batch-tokens", type=_positive_int, help="source tokens per decoding batch")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
+    g.add_argument(
+        "--checkpoint",
+        default="auto",
+        metavar="WHICH",
+        help="auto (default: the averaged model where its dev BLEU beats the best, else the best), best, "
+        "average, last, or a file name in RUN_DIR/checkpoints",
+    )
     g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="default: the run's train.precision")
 
 
@@ -309,17 +240,7 @@ def _add_config_options(p: argparse.ArgumentParser, config_help: str = "YAML con
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="nmt",
-        description="Neural machine translation: train a Transformer or LSTM seq2seq from a YAML config, "
-        "translate with beam search, score with sacreBLEU.",
-    )
-    from nmt import __version__
-
-    parser.add_argument("--version", action="version", version=f"nmt {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-
+def _train_parsers(sub) -> None:
     p = sub.add_parser(
         "train",
         help="prepare data, train, validate, checkpoint (resumes an existing run)",
@@ -337,6 +258,19 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_options(p)
     p.set_defaults(func=cmd_prepare)
 
+    p = sub.add_parser(
+        "average",
+        help="average a run's last N checkpoints (kept; used by default where dev BLEU says it helps)",
+        description="Average the model weights of the run's last N training-state checkpoints, score the "
+        "average on the dev set and keep it as checkpoints/average_last_N.pt.",
+    )
+    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    p.add_argument("--last", type=_positive_int, required=True, help="how many of the latest checkpoints")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to score it")
+    p.set_defaults(func=cmd_average)
+
+
+def _translate_parsers(sub) -> None:
     p = sub.add_parser(
         "translate",
         help="translate text with a trained run",
@@ -380,6 +314,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     _add_decode_options(p)
     p.set_defaults(func=cmd_eval_bleu)
+
+
+def _report_parsers(sub) -> None:
     p = sub.add_parser(
         "bench",
         help="measure training tokens/s, decoding sentences/s and the matmul peak",
@@ -414,6 +351,21 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
     p.set_defaults(func=cmd_plot)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from nmt import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="nmt",
+        description="Neural machine translation: train a Transformer or LSTM seq2seq from a YAML config, "
+        "translate with beam search, score with sacreBLEU.",
+    )
+    parser.add_argument("--version", action="version", version=f"nmt {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    _train_parsers(sub)
+    _translate_parsers(sub)
+    _report_parsers(sub)
     return parser
 
 

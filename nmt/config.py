@@ -61,8 +61,9 @@ class TrainConfig:
     validate_beam_size: int = 1  # 1: greedy dev BLEU, cheap
     validate_max_sentences: int | None = None  # score dev BLEU on a prefix of the dev set
     patience: int | None = None  # validations without a new best before stopping
-    keep_last: int = 2
+    keep_last: int = 2  # training-state checkpoints kept (one per validation)
     keep_best: int = 1
+    average_last: int | None = None  # at the end, average the last N checkpoints; kept where dev says it helps
     log_every: int = 50
     tensorboard: bool = False  # also write the metrics as TensorBoard events (pip install 'nmt[tensorboard]')
     # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
@@ -140,6 +141,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "train.patience": _POSITIVE,
     "train.keep_last": _POSITIVE,
     "train.keep_best": _POSITIVE,
+    "train.average_last": (lambda v: v >= 2, "must be >= 2 (checkpoints to average)"),
     "train.log_every": _POSITIVE,
     "train.threads": (lambda v: v == "auto" or v > 0, "must be > 0 or auto"),
     "train.max_nonfinite": _POSITIVE,
@@ -279,6 +281,11 @@ def _check_consistency(cfg: Config) -> None:
     if t.max_updates is not None and t.warmup_updates > t.max_updates:
         raise NMTError(
             f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.max_updates {t.max_updates}"
+        )
+    if t.average_last is not None and t.average_last > t.keep_last:
+        raise NMTError(
+            f"config key 'train.average_last': {t.average_last} needs train.keep_last >= {t.average_last} "
+            f"(it is {t.keep_last}): the run must keep the checkpoints it averages"
         )
     if t.schedule in ("cosine", "linear") and t.decay_updates is None and t.max_updates is None:
         raise NMTError(f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates or max_updates")

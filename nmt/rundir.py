@@ -170,22 +170,36 @@ class RunDir:
             self.checkpoint_dir, cfg.train.keep_last, cfg.train.keep_best, clean=self.writable, create=self.writable
         )
 
-    def model_checkpoint(self, cfg: Config) -> Path:
-        """The checkpoint to translate with: the best by dev BLEU, else the latest."""
+    def model_checkpoint(self, cfg: Config, which: str = "auto") -> Path:
+        """The checkpoint to translate with. ``auto``: the averaged model if its dev BLEU beats the
+        best single checkpoint's, else the best (``best``), else the latest (``last``); ``average``;
+        or a file name in ``checkpoints/``."""
         from nmt import checkpoint
 
-        path = self.checkpoints(cfg).best_path()
+        manager = self.checkpoints(cfg)
+        latest = checkpoint.list_checkpoints(self.checkpoint_dir, "update")
+        if which == "average":
+            found = manager.average_path()
+            if found is None:
+                raise NMTError(f"{self.path}: no averaged checkpoint: make one with 'nmt average --model {self.path}'")
+            return found[0]
+        if which == "last":
+            path = latest[0].path if latest else None
+        elif which in ("auto", "best"):
+            path = manager.model_path() if which == "auto" else manager.best_path()
+            path = path or (latest[0].path if latest else None)
+        else:
+            path = self.checkpoint_dir / which
+            if Path(which).name != which or not path.is_file():
+                raise NMTError(f"--checkpoint {which}: no such checkpoint in {self.checkpoint_dir}")
         if path is None:
-            latest = checkpoint.list_checkpoints(self.checkpoint_dir, "update")
-            if not latest:
-                raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
-            path = latest[0].path
+            raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
         return path
 
     def model_files(self, cfg: Config) -> list[Path]:
         """The files translating with the run reads: no command may write over them."""
         files = [self.config_path, *set(self.tokenizer_paths(cfg))]
-        return files + [info.path for kind in ("best", "update") for info in _list_checkpoints(self, kind)]
+        return files + sorted(self.checkpoint_dir.glob("*.pt"))
 
     def fingerprint(self, cfg: Config) -> dict:
         """What a checkpoint records of the files it was trained with, to be matched on load."""
@@ -244,8 +258,7 @@ class RunDir:
             raise NMTError(f"{self.path}: cannot create run directory ({e.strerror})") from None
         if not os.access(self.path, os.W_OK):
             raise NMTError(f"{self.path}: run directory is not writable")
-        self._lock.acquire(self.path, log)
-        self.writable = True
+        self.lock(log)
         if self.config_path.exists():
             if not _written_by_nmt(self.config_path) and not self._is_earlier_run():
                 raise NMTError(
@@ -253,6 +266,11 @@ class RunDir:
                 )
             check_resumable(self.config(), cfg)
         self.write_config(cfg)
+
+    def lock(self, log: Callable[[str], None]) -> None:
+        """Become the run's writer without training it (``nmt average`` adds a checkpoint)."""
+        self._lock.acquire(self.path, log)
+        self.writable = True
 
     def write_config(self, cfg: Config) -> None:
         """The resolved config, with ``run_dir: .`` (the directory it lies in): the run can move."""
@@ -266,12 +284,6 @@ class RunDir:
     def _is_earlier_run(self) -> bool:
         """A run of an earlier version, whose config.yaml has no header yet."""
         return self.checkpoint_dir.is_dir() or self.metrics_path.exists()
-
-
-def _list_checkpoints(run: RunDir, kind: str) -> list:
-    from nmt.checkpoint import list_checkpoints
-
-    return list_checkpoints(run.checkpoint_dir, kind)
 
 
 def _written_by_nmt(path: Path) -> bool:

@@ -20,6 +20,7 @@ import numpy as np
 import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
+from nmt.average import average_last, dev_bleu
 from nmt.batching import BatchPlan, derived_seed, make_batch, token_batches
 from nmt.config import Config
 from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
@@ -31,7 +32,6 @@ from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
-from nmt.scoring import bleu_only
 from nmt.translate import Translator
 
 
@@ -301,10 +301,7 @@ class Trainer:
         cfg, p, data = self.cfg, self.progress, self.data
         start = time.perf_counter()
         dev_loss = evaluate_loss(self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device)
-        n = cfg.train.validate_max_sentences or len(data.dev)
-        decode = replace(cfg.decode, beam_size=cfg.train.validate_beam_size, nbest=1)
-        hyps = [h[0] for h in self.translator.translate(data.dev_src[:n], decode)]
-        bleu = bleu_only(hyps, data.dev_trg[:n])
+        bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
         is_best = bleu > p.best_bleu
         if is_best:
@@ -333,6 +330,21 @@ class Trainer:
             self.checkpoints.save_best(payload, p.update, bleu)
         self.save()
         return record
+
+    def average(self) -> None:
+        """``train.average_last``: the mean of the last N checkpoints, scored on dev and kept; it
+        becomes the model translation uses where its dev BLEU beats the best single one (rank 0)."""
+        if not self.world.is_main:
+            return
+        data = self.data
+
+        def score(model) -> float:
+            return dev_bleu(replace(self.translator, model=model), self.cfg, data.dev_src, data.dev_trg)[0]
+
+        scores = average_last(self.run, self.cfg, self.cfg.train.average_last, self.model, score, self.log)
+        if scores is not None:
+            record = {"type": "average", "update": self.progress.update, "dev_bleu": scores[0], "best_bleu": scores[1]}
+            self.write_metrics(record)
 
     def save(self) -> None:
         """A checkpoint of the whole training state (rank 0; the others hold the same state)."""

@@ -39,6 +39,8 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     trainer.log(f"stopping: {reason}")
     if p.last_validated != p.update:
         trainer.validate()
+    if trainer.cfg.train.average_last:
+        trainer.average()
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
     # Every rank reaches the end before any tears down: gloo aborted now and then when one
     # rank destroyed its group while another was still in its last collective.

@@ -1,26 +1,17 @@
 """Translation: load a finished run, batch sentences by length, search, detokenize in input order.
-
-Input is read and translated window by window (``input_windows``), so output appears as soon as a
-window is done: a line typed at a terminal is answered at once, a large file never sits in memory
-whole, and an interrupted command keeps what it finished.
-"""
+Where the lines come from and go to is ``nmt.streams``."""
 
 from __future__ import annotations
 
-import os
 import random
-import select
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import DecodeConfig
-from nmt.corpus import iter_lines
 from nmt.device import Precision, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.models import build_model
@@ -133,77 +124,6 @@ class Translator:
         return out
 
 
-WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneous batches
-
-
-def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
-    """The input's lines in consecutive windows of at most ``lines_per_window``. Standard input
-    yields what has arrived whenever it pauses, so a line typed at a terminal is answered at once
-    while piped text still comes in large windows; a file yields full windows. Only ``\\n`` ends a
-    line, as in the corpus readers."""
-    if path is None:
-        yield from _stdin_windows(lines_per_window)
-        return
-    window: list[str] = []
-    for line in iter_lines(path):
-        window.append(line)
-        if len(window) == lines_per_window:
-            yield window
-            window = []
-    if window:
-        yield window
-
-
-def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
-    try:
-        fd = sys.stdin.fileno()
-    except (AttributeError, OSError, ValueError):  # not a real file (tests, embedding): read it whole
-        fd = None
-    if fd is None:
-        data = sys.stdin.buffer.read()
-        lines = _split(data, 0) if data else []
-        for start in range(0, len(lines), lines_per_window):
-            yield lines[start : start + lines_per_window]
-        return
-    pending, window, lines_before = b"", [], 0
-    while True:
-        while len(window) >= lines_per_window:
-            yield window[:lines_per_window]
-            lines_before += lines_per_window
-            window = window[lines_per_window:]
-        # Block only when there is nothing to translate; otherwise translate what has arrived.
-        if window and not select.select([fd], [], [], 0)[0]:
-            yield window
-            lines_before += len(window)
-            window = []
-        chunk = os.read(fd, 1 << 16)
-        if not chunk:
-            break
-        pending += chunk
-        cut = pending.rfind(b"\n")
-        if cut >= 0:
-            window += _split(pending[:cut], lines_before + len(window))
-            pending = pending[cut + 1 :]
-    if pending:
-        window += _split(pending, lines_before + len(window))
-    for start in range(0, len(window), lines_per_window):
-        yield window[start : start + lines_per_window]
-
-
-def _split(data: bytes, lines_before: int) -> list[str]:
-    """Complete lines of ``data`` (no final newline), decoded; a one-line error names a bad line."""
-    if lines_before == 0 and data.startswith(b"\xef\xbb\xbf"):
-        data = data[3:]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = lines_before + data.count(b"\n", 0, e.start) + 1
-        raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
-    if text.endswith("\n"):
-        text = text[:-1]
-    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
-
-
 def nbest_lines(index: int, hyps: list[tuple[str, Hypothesis | None]], length_penalty: float) -> list[str]:
     """Moses/Marian n-best lines: ``INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE``: the model score
     (the summed log-probabilities of the tokens, EOS included) and the length-normalised score
@@ -248,15 +168,16 @@ def load_translator(
     device_name: str = "auto",
     precision_name: str | None = None,
     log: Callable[[str], None] | None = None,
+    which: str = "auto",
 ) -> Translator:
-    """A run's best checkpoint (or, failing that, its latest), ready to translate.
+    """A run's checkpoint (``which``: see ``RunDir.model_checkpoint``), ready to translate.
 
     Precision, attention kernel and threads are the run's ``train`` settings (``precision_name``
     overrides the first); where they say auto, the choice is the one ``nmt train`` measured and
     cached on this machine for this model, or is measured now the same way. Only reads the run.
     """
     cfg = run.config()
-    path = run.model_checkpoint(cfg)
+    path = run.model_checkpoint(cfg, which)
     src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
     device = select_device(device_name, key="--device")
     if device.type == "cpu":

@@ -1,0 +1,185 @@
+"""Where translations come from and go to: input read in windows (a file, or stdin as it arrives),
+output lines to stdout, to a file that appears only when complete, or to memory; and what an
+interruption keeps. ``translate_into`` runs a translator between the two.
+
+Input is translated window by window, so output appears as soon as a window is done: a line typed
+at a terminal is answered at once, a large file never sits in memory whole, and an interrupted
+command keeps what it finished (``OUTPUT.partial``), leaving an older OUTPUT as it was.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+from nmt.config import DecodeConfig
+from nmt.corpus import iter_lines
+from nmt.errors import NMTError
+from nmt.files import LineWriter, check_output
+from nmt.signals import Interrupted
+
+WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneous batches
+
+
+def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
+    """The input's lines in consecutive windows of at most ``lines_per_window``. Standard input
+    yields what has arrived whenever it pauses, so a line typed at a terminal is answered at once
+    while piped text still comes in large windows; a file yields full windows. Only ``\\n`` ends a
+    line, as in the corpus readers."""
+    if path is None:
+        yield from _stdin_windows(lines_per_window)
+        return
+    window: list[str] = []
+    for line in iter_lines(path):
+        window.append(line)
+        if len(window) == lines_per_window:
+            yield window
+            window = []
+    if window:
+        yield window
+
+
+def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
+    try:
+        fd = sys.stdin.fileno()
+    except (AttributeError, OSError, ValueError):  # not a real file (tests, embedding): read it whole
+        fd = None
+    if fd is None:
+        data = sys.stdin.buffer.read()
+        lines = _split(data, 0) if data else []
+        for start in range(0, len(lines), lines_per_window):
+            yield lines[start : start + lines_per_window]
+        return
+    pending, window, lines_before = b"", [], 0
+    while True:
+        while len(window) >= lines_per_window:
+            yield window[:lines_per_window]
+            lines_before += lines_per_window
+            window = window[lines_per_window:]
+        # Block only when there is nothing to translate; otherwise translate what has arrived.
+        if window and not select.select([fd], [], [], 0)[0]:
+            yield window
+            lines_before += len(window)
+            window = []
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        pending += chunk
+        cut = pending.rfind(b"\n")
+        if cut >= 0:
+            window += _split(pending[:cut], lines_before + len(window))
+            pending = pending[cut + 1 :]
+    if pending:
+        window += _split(pending, lines_before + len(window))
+    for start in range(0, len(window), lines_per_window):
+        yield window[start : start + lines_per_window]
+
+
+def _split(data: bytes, lines_before: int) -> list[str]:
+    """Complete lines of ``data`` (no final newline), decoded; a one-line error names a bad line."""
+    if lines_before == 0 and data.startswith(b"\xef\xbb\xbf"):
+        data = data[3:]
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = lines_before + data.count(b"\n", 0, e.start) + 1
+        raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+
+
+class StdoutLines:
+    """Standard output as a destination for lines: each window's lines as soon as they are done."""
+
+    def __init__(self):
+        self.lines = 0
+
+    def write(self, lines: list[str]) -> None:
+        sys.stdout.write("".join(line + "\n" for line in lines))
+        sys.stdout.flush()
+        self.lines += len(lines)
+
+    def commit(self) -> None:
+        pass
+
+    def discard(self) -> None:
+        pass
+
+
+class CollectedLines(StdoutLines):
+    """Lines kept in memory (eval-bleu scores its translations without writing them anywhere)."""
+
+    def __init__(self):
+        super().__init__()
+        self.collected: list[str] = []
+
+    def write(self, lines: list[str]) -> None:
+        self.collected += lines
+        self.lines += len(lines)
+
+
+def open_output(path: str | None, inputs: list[Path], option: str):
+    """Where a command's lines go (stdout for None or '-'), checked before any work starts against
+    every input (``files.check_output``)."""
+    if path is None or path == "-":
+        return StdoutLines()
+    check_output(Path(path), inputs, option)
+    return LineWriter(Path(path))
+
+
+def input_file(path: str | None, option: str) -> Path | None:
+    """A readable input file, or None for stdin; a one-line error otherwise."""
+    if path is None or path == "-":
+        return None
+    source = Path(path)
+    if not source.exists():
+        raise NMTError(f"{option} {path}: no such file")
+    if source.is_dir():
+        raise NMTError(f"{option} {path}: is a directory, expected a text file")
+    return source
+
+
+def progress_bar(source: Path | None, tokenizer):
+    """A progress bar on a terminal, counting source tokens (a sentence costs by its length, so the
+    ETA holds); its total is known for a file, counted window by window before translating."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    total = None
+    if source is not None:
+        total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
+    return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+
+
+def translate_into(
+    translator, source: Path | None, sink, decode: DecodeConfig, stream: bool = False, attention=None
+) -> int:
+    """Translate ``source`` (stdin if None) into ``sink`` window by window (``stream``: stdin line by
+    line); returns the lines read. Interrupted, a file output keeps what was done as OUTPUT.partial
+    and leaves an older OUTPUT untouched; any failure leaves no temporary file behind."""
+    from nmt.translate import translate_stream
+
+    bar = None
+    try:
+        bar = progress_bar(source, translator.src_tok)
+        windows = input_windows(source, 1 if stream else WINDOW_LINES)
+        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, attention)
+    except KeyboardInterrupt:
+        message = f"interrupted after {sink.lines} output lines"
+        if isinstance(sink, LineWriter):
+            message = f"interrupted: the {sink.lines} lines done are in {sink.keep_partial()}; {sink.path} is unchanged"
+        raise Interrupted(message, signal.SIGINT) from None
+    except BaseException:
+        sink.discard()
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    sink.commit()
+    return done

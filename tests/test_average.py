@@ -1,0 +1,100 @@
+"""Checkpoint averaging: the mean of the last N checkpoints, kept in the run's checkpoint format,
+used by translation where its dev BLEU beats the best single checkpoint."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import yaml
+from conftest import tiny_config
+
+from nmt import checkpoint
+from nmt.average import average_weights
+from nmt.cli import main
+from nmt.config import config_from_dict
+from nmt.errors import NMTError
+from nmt.rundir import RunLock
+
+
+def test_average_weights_is_the_elementwise_mean():
+    a = {"w": torch.tensor([1.0, 2.0]), "steps": torch.tensor(3)}
+    b = {"w": torch.tensor([3.0, 6.0]), "steps": torch.tensor(4)}
+    c = {"w": torch.tensor([2.0, 1.0]), "steps": torch.tensor(5)}
+    out = average_weights([a, b, c])
+    assert torch.equal(out["w"], torch.tensor([2.0, 3.0])) and out["steps"].item() == 5
+    bf16 = average_weights([{"w": torch.tensor([1.0], dtype=torch.bfloat16)}, {"w": torch.tensor([2.0])}])
+    assert bf16["w"].dtype == torch.float32  # the last state's dtype
+    with pytest.raises(NMTError, match="different parameters"):
+        average_weights([a, {"v": torch.tensor([1.0])}])
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("average")
+    config = tiny_config(tmp, max_updates=40, validate_every=10, keep_last=3, average_last=3, lr_peak=0.003)
+    assert main(["train", "--config", str(config)]) == 0
+    return tmp
+
+
+def test_training_ends_with_the_average_of_its_last_checkpoints(run):
+    directory = run / "run" / "checkpoints"
+    index = json.loads((directory / "index.json").read_text())
+    assert index["average"]["updates"] == [20, 30, 40] and index["average"]["file"] == "average_last_3.pt"
+    averaged = checkpoint.load(directory / "average_last_3.pt")  # checksummed, weights only
+    states = [checkpoint.load(directory / f"update_{u:08d}.pt")["model"] for u in (20, 30, 40)]
+    for name, tensor in averaged["model"].items():
+        expected = (states[0][name].double() + states[1][name].double() + states[2][name].double()) / 3
+        torch.testing.assert_close(tensor, expected.to(tensor.dtype), rtol=0, atol=1e-6, msg=name)
+    records = [json.loads(line) for line in (run / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["type"] for r in records].count("average") == 1
+
+
+def test_resuming_a_finished_run_does_not_average_again(run, capsys):
+    metrics = (run / "run" / "metrics.jsonl").read_text()
+    assert main(["train", "--config", str(run / "tiny.yaml")]) == 0
+    assert "exists already" in capsys.readouterr().err
+    assert (run / "run" / "metrics.jsonl").read_text() == metrics
+
+
+def test_translation_uses_the_average_only_where_dev_says_it_helps(run, capsys):
+    directory = run / "run" / "checkpoints"
+    index_path = directory / "index.json"
+    index = json.loads(index_path.read_text())
+    source = str(run / "data" / "train.de")
+    translate = ["translate", "--model", str(run / "run"), "-i", source, "--beam-size", "1"]
+    outputs = {}
+    for which in ("best", "average", "last"):
+        assert main([*translate, "--checkpoint", which]) == 0
+        outputs[which] = capsys.readouterr().out
+    manager = checkpoint.CheckpointManager(directory, 3, 1, clean=False, create=False)
+    for average_score, chosen in ((index["best"][0]["score"] + 1, "average_last_3.pt"), (-1.0, "best_")):
+        index["average"]["score"] = average_score
+        index_path.write_text(json.dumps(index))
+        assert manager.model_path().name.startswith(chosen)
+    assert main([*translate, "--checkpoint", "nope.pt"]) == 2
+    assert "--checkpoint nope.pt: no such checkpoint" in capsys.readouterr().err
+
+
+def test_nmt_average_command_and_its_errors(run, capsys):
+    assert main(["average", "--model", str(run / "run"), "--last", "2"]) == 0
+    err = capsys.readouterr().err
+    assert "average of updates 30, 40: dev BLEU" in err
+    assert (run / "run" / "checkpoints" / "average_last_2.pt").exists()
+    assert main(["average", "--model", str(run / "run"), "--last", "5"]) == 2
+    assert "3 training-state checkpoint(s) to average, 5 asked for" in capsys.readouterr().err
+    lock = RunLock(run / "run" / "train.lock")
+    lock.acquire(run / "run", print)
+    try:
+        assert main(["average", "--model", str(run / "run"), "--last", "2"]) == 2
+        assert "another 'nmt train' is training this run" in capsys.readouterr().err
+    finally:
+        lock.release()
+
+
+def test_average_last_needs_the_checkpoints_kept(tmp_path):
+    values = yaml.safe_load(tiny_config(tmp_path).read_text())
+    values["train"].update(average_last=4, keep_last=2)
+    with pytest.raises(NMTError, match="train.average_last': 4 needs train.keep_last >= 4"):
+        config_from_dict(values)
