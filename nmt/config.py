@@ -7,11 +7,8 @@ known one. Code below the CLI receives these objects, never raw dicts.
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import os
 import re
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -21,6 +18,7 @@ import yaml
 from nmt.corpus import CorpusConfig, anchor_corpus
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
+from nmt.schema import Schema
 from nmt.tokenizer import TokenizerConfig
 
 
@@ -154,72 +152,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
 }
 
 
-def _type_name(tp: Any) -> str:
-    origin = typing.get_origin(tp)
-    if origin is Literal:
-        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
-    if origin in (typing.Union, types.UnionType):
-        names = [_type_name(a) for a in typing.get_args(tp) if a is not type(None)]
-        return " or ".join(names) + " or null"
-    if origin is tuple:
-        return "a list of " + str(len(typing.get_args(tp))) + " numbers"
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
-
-
-def _convert(value: Any, tp: Any, key: str) -> Any:
-    """Check ``value`` against annotation ``tp``; return it converted (int -> float, list -> tuple)."""
-    origin = typing.get_origin(tp)
-    if tp is ModelConfig:
-        return _model_section(value, key)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return _convert(value, inner[0], key)
-        for alternative in inner:  # the first alternative that accepts the value
-            try:
-                return _convert(value, alternative, key)
-            except NMTError:
-                pass
-        raise NMTError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
-    if origin is Literal:
-        choices = typing.get_args(tp)
-        if value not in choices:
-            raise NMTError(f"config key '{key}': {value!r} is not {_type_name(tp)}")
-        return value
-    if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, (list, tuple)) or len(value) != len(args):
-            raise NMTError(f"config key '{key}': expected {_type_name(tp)}, got {value!r}")
-        return tuple(_convert(v, a, key) for v, a in zip(value, args))
-    if dataclasses.is_dataclass(tp):
-        if isinstance(value, str) and tp is CorpusConfig:
-            value = {"path": value}  # shorthand: `train: data/train` means a plain-file prefix
-        if not isinstance(value, dict):
-            raise NMTError(f"config key '{key}': expected a mapping, got {value!r}")
-        return _build(tp, value, key)
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise NMTError(f"config key '{key}': expected true or false, got {value!r}")
-        return value
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
-        return value
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise NMTError(f"config key '{key}': expected a number, got {value!r}")
-        return float(value)
-    if tp is str:
-        if not isinstance(value, str):
-            raise NMTError(f"config key '{key}': expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
-
-
-def _model_section(values: Any, key: str) -> ModelConfig:
+def _model_section(schema: Schema, values: Any, key: str) -> ModelConfig:
     """The ``model:`` mapping as the config class its ``type`` names (Transformer by default).
 
     A key that belongs to the other model type is accepted only at its default value: saved
@@ -239,7 +172,7 @@ def _model_section(values: Any, key: str) -> ModelConfig:
             kept[name] = value  # its own key, or an unknown one that _build reports with a suggestion
         elif value != other[1]:
             raise NMTError(f"config key '{key}.{name}': applies to model.type '{other[0]}', not '{kind}'")
-    return _build(MODEL_CONFIGS[kind], kept, key)
+    return schema.build(MODEL_CONFIGS[kind], kept, key)
 
 
 def _other_model_default(kind: str, name: str) -> tuple[str, Any] | None:
@@ -253,22 +186,16 @@ def _other_model_default(kind: str, name: str) -> tuple[str, Any] | None:
     return None
 
 
-def _build(cls: type, values: dict, prefix: str) -> Any:
-    hints = typing.get_type_hints(cls)
-    known = [f.name for f in dataclasses.fields(cls)]
-    kwargs = {}
-    for raw_key, value in values.items():
-        key = f"{prefix}.{raw_key}" if prefix else str(raw_key)
-        if raw_key not in known:
-            close = difflib.get_close_matches(str(raw_key), known, n=1, cutoff=0.6)
-            hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
-            raise NMTError(f"unknown config key '{key}'{hint}")
-        converted = _convert(value, hints[raw_key], key)
-        check = _RANGES.get(key)
-        if check is not None and converted is not None and not check[0](converted):
-            raise NMTError(f"config key '{key}': {value!r} {check[1]}")
-        kwargs[raw_key] = converted
-    return cls(**kwargs)
+def _corpus(schema: Schema, value: Any, key: str) -> CorpusConfig:
+    """A corpus mapping, or the shorthand ``train: data/train`` for a plain-file prefix."""
+    if isinstance(value, str):
+        value = {"path": value}
+    if not isinstance(value, dict):
+        raise NMTError(f"config key '{key}': expected a mapping, got {value!r}")
+    return schema.build(CorpusConfig, value, key)
+
+
+_SCHEMA = Schema(_RANGES, {ModelConfig: _model_section, CorpusConfig: _corpus})
 
 
 def _check_consistency(cfg: Config) -> None:
@@ -301,11 +228,6 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError("config key 'data.trg_lang': source and target language are the same")
 
 
-# Keys that hold paths: relative ones are read against the directory of the config file that sets
-# them, or against the working directory when set on the command line (--set).
-PATH_KEYS = ("run_dir", "data.train", "data.dev", "data.test")
-
-
 def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) -> Config:
     """``cfg`` with every relative path made absolute: against ``base`` (the config file's
     directory), or against the working directory for keys in ``command_line`` (``--set``)."""
@@ -334,7 +256,7 @@ def config_from_dict(values: dict, base_dir: Path | None = None, command_line: s
     (``command_line`` keys against the working directory; see ``anchor_paths``)."""
     if not isinstance(values, dict):
         raise NMTError("config: the top level must be a mapping of sections")
-    cfg = _build(Config, values, "")
+    cfg = _SCHEMA.build(Config, values, "")
     _check_consistency(cfg)
     return cfg if base_dir is None else anchor_paths(cfg, base_dir, command_line)
 

@@ -1,0 +1,113 @@
+"""Plain values (parsed YAML) checked against typed dataclasses: the annotations say what each key
+may hold, a table of range checks says more, and every error names the key (``train.lr_peak``),
+with the closest known key for an unknown one. ``nmt.config`` describes the sections; this is
+the machinery that holds a mapping against them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from collections.abc import Callable
+from typing import Any, Literal
+
+from nmt.errors import NMTError
+
+Check = tuple[Callable[[Any], bool], str]  # predicate, and what it requires ("must be > 0")
+
+
+class Schema:
+    """``ranges``: dotted key -> Check. ``special``: annotation -> converter(schema, value, key) for
+    the annotations that need more than their type (a shorthand, a union chosen by a field)."""
+
+    def __init__(self, ranges: dict[str, Check], special: dict[Any, Callable[[Schema, Any, str], Any]]):
+        self.ranges, self.special = ranges, special
+
+    def build(self, cls: type, values: dict, prefix: str) -> Any:
+        """``cls(**values)`` with every value checked and converted; ``prefix`` names the section."""
+        hints = typing.get_type_hints(cls)
+        known = [f.name for f in dataclasses.fields(cls)]
+        kwargs = {}
+        for raw_key, value in values.items():
+            key = f"{prefix}.{raw_key}" if prefix else str(raw_key)
+            if raw_key not in known:
+                close = difflib.get_close_matches(str(raw_key), known, n=1, cutoff=0.6)
+                hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
+                raise NMTError(f"unknown config key '{key}'{hint}")
+            converted = self.convert(value, hints[raw_key], key)
+            check = self.ranges.get(key)
+            if check is not None and converted is not None and not check[0](converted):
+                raise NMTError(f"config key '{key}': {value!r} {check[1]}")
+            kwargs[raw_key] = converted
+        return cls(**kwargs)
+
+    def convert(self, value: Any, tp: Any, key: str) -> Any:
+        """Check ``value`` against annotation ``tp``; return it converted (int -> float, list -> tuple)."""
+        if tp in self.special:
+            return self.special[tp](self, value, key)
+        origin = typing.get_origin(tp)
+        if origin in (typing.Union, types.UnionType):
+            return self._union(value, tp, key)
+        if origin is Literal:
+            if value not in typing.get_args(tp):
+                raise NMTError(f"config key '{key}': {value!r} is not {type_name(tp)}")
+            return value
+        if origin is tuple:
+            args = typing.get_args(tp)
+            if not isinstance(value, (list, tuple)) or len(value) != len(args):
+                raise NMTError(f"config key '{key}': expected {type_name(tp)}, got {value!r}")
+            return tuple(self.convert(v, a, key) for v, a in zip(value, args))
+        if dataclasses.is_dataclass(tp):
+            if not isinstance(value, dict):
+                raise NMTError(f"config key '{key}': expected a mapping, got {value!r}")
+            return self.build(tp, value, key)
+        return _scalar(value, tp, key)
+
+    def _union(self, value: Any, tp: Any, key: str) -> Any:
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return self.convert(value, inner[0], key)
+        for alternative in inner:  # the first alternative that accepts the value
+            try:
+                return self.convert(value, alternative, key)
+            except NMTError:
+                pass
+        raise NMTError(f"config key '{key}': expected {type_name(tp)}, got {value!r}")
+
+
+def _scalar(value: Any, tp: Any, key: str) -> Any:
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise NMTError(f"config key '{key}': expected true or false, got {value!r}")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise NMTError(f"config key '{key}': expected a number, got {value!r}")
+        return float(value)
+    if tp is str:
+        if not isinstance(value, str):
+            raise NMTError(f"config key '{key}': expected a string, got {value!r}")
+        return value
+    raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def type_name(tp: Any) -> str:
+    """How an error message names what an annotation accepts."""
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin in (typing.Union, types.UnionType):
+        names = [type_name(a) for a in typing.get_args(tp) if a is not type(None)]
+        return " or ".join(names) + " or null"
+    if origin is tuple:
+        return "a list of " + str(len(typing.get_args(tp))) + " numbers"
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string"}.get(tp, str(tp))
