@@ -34,7 +34,7 @@ from nmt.config import ModelConfig, TrainConfig
 from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates
 from nmt.files import atomic_write_bytes
 
-VERSION = 1  # bump when the measurement changes, so old cache entries are not reused
+VERSION = 2  # bump when the measurement changes, so old cache entries are not reused
 MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
 CACHE_FILE = "autotune.json"
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
@@ -238,34 +238,34 @@ def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(device) for t in (src, src_mask, trg[:, :-1], trg[:, 1:]))
 
 
-def _timer(device: torch.device) -> Callable[[Callable[[], None], float | None], float]:
-    def sync() -> None:
+def race(steps: dict[str, Callable[[], None]], device: torch.device, rounds: int = 3) -> dict[str, float]:
+    """Milliseconds per call of each candidate: the fastest of ``rounds`` calls, taken in turn
+    (A B C A B C ...) so that a busy machine slows every candidate alike, not whichever ran during
+    the busy moment. Each first warms up (a GPU twice: its first calls pay one-time set-up). On a
+    CPU a candidate whose warm-up took 4x the fastest warm-up is out (emulated bf16 need not be
+    timed three times to lose): its warm-up time stands as its figure."""
+
+    def timed(step: Callable[[], None]) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        step()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) * 1e3
 
-    def best_ms(step: Callable[[], None], beat: float | None) -> float:
-        """Fastest of three timed calls after warm-up. On a CPU, a warm-up 4x slower than ``beat``
-        ends it early (emulated bf16 need not be timed three times to lose). A GPU's first calls
-        pay one-time costs (kernel selection, library set-up) that say nothing about the steady
-        state, so there it warms up twice and never stops early."""
-        warmups = 2 if device.type == "cuda" else 1
-        for _ in range(warmups):
-            sync()
-            start = time.perf_counter()
-            step()
-            sync()
-            warm = time.perf_counter() - start
-        if device.type == "cpu" and beat is not None and warm > 4 * beat / 1e3:
-            return warm * 1e3
-        times = []
-        for _ in range(3):
-            start = time.perf_counter()
-            step()
-            sync()
-            times.append(time.perf_counter() - start)
-        return min(times) * 1e3
-
-    return best_ms
+    best: dict[str, float] = {}
+    for name, step in steps.items():
+        for _ in range(2 if device.type == "cuda" else 1):
+            best[name] = timed(step)
+    fastest_warmup = min(best.values())
+    running = [n for n in steps if device.type == "cuda" or best[n] <= 4 * fastest_warmup]
+    for n in running:
+        best[n] = float("inf")
+    for _ in range(rounds):
+        for name in running:
+            best[name] = min(best[name], timed(steps[name]))
+    return best
 
 
 def pick(times: dict[str, float], default: str) -> str:
@@ -297,7 +297,6 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
     model = build_model(shape.model, shape.vocab, shape.vocab, 0).to(device).train()
     optimizer = adamw(model.parameters(), lr=1e-4)
     src, src_mask, trg_in, trg_out = _batch(shape, device)
-    best_ms = _timer(device)
 
     def step_with(precision: str, attention: str) -> Callable[[], None]:
         def step() -> None:
@@ -323,10 +322,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
         kernels = [request.attention]
         if request.attention == "auto":
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
-        grid: dict[str, float] = {}
-        for p in precisions:
-            for a in kernels:
-                grid[f"{p}/{a}"] = best_ms(step_with(p, a), min(grid.values()) if grid else None)
+        grid = race({f"{p}/{a}": step_with(p, a) for p in precisions for a in kernels}, device)
         timings["precision/attention"] = grid
         precision, attention = decide(grid, precisions, kernels)
         threads: int | None = None
@@ -335,13 +331,12 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
                 threads = world_threads
             elif request.threads == "auto":
                 cpus = usable_cpus()
-                options = {str(cpus): 0.0}
-                if cpus >= 2:
-                    options[str(cpus // 2)] = 0.0
                 run = step_with(precision, attention)
-                for n in options:
-                    torch.set_num_threads(int(n))
-                    options[n] = best_ms(run, None)
+
+                def on(n: int) -> Callable[[], None]:
+                    return lambda: (torch.set_num_threads(n), run())
+
+                options = race({str(n): on(n) for n in dict.fromkeys([cpus, max(1, cpus // 2)])}, device)
                 timings["threads"] = options
                 threads = int(pick(options, str(cpus)))
             else:
