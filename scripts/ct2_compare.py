@@ -5,7 +5,8 @@
 1. Greedy, fp32: how many lines of ``nmt translate`` and CTranslate2 are identical (CTranslate2
    called once per max output length, so each sentence gets nmt's limit floor(a * src_len + b);
    and, for reference, once for all with the largest limit).
-2. Beam 5: sacreBLEU of both (nmt fp32 and auto precision, CTranslate2 fp32 and int8).
+2. Beam 5: sacreBLEU of both (nmt fp32 and auto precision, CTranslate2 fp32 and int8, with
+   ``nmt.export.ctranslate2_options``, i.e. patience 2, and with CTranslate2's default patience 1).
 3. Beam-5 speed, sentences/s, all with the same threads: every configuration decodes the whole
    set ``--repeats`` times, round-robin (a shared machine's load then falls on all alike), and
    the median is reported. The BLEU pass before is each one's untimed warm-up.
@@ -70,8 +71,8 @@ def main() -> int:
     def nmt_run(translator, d):
         return lambda: [h[0] for h in translator.translate(src, d)]
 
-    def ct2_run(translator, d, group=True):
-        return lambda: export.translate_lines(translator, *toks, src, d, group, **batching)
+    def ct2_run(translator, d, group=True, **kw):
+        return lambda: export.translate_lines(translator, *toks, src, d, group, **batching, **kw)
 
     results: dict = {"cpu": cpu_name(), "threads": args.threads, "sentences": len(src), "torch": torch.__version__}
     results["ctranslate2"] = ct2.__version__
@@ -84,24 +85,29 @@ def main() -> int:
         results[f"greedy_fp32_identical_{name}"] = same
         log(f"greedy fp32, CTranslate2 {name}: {same}/{len(src)} lines identical ({100 * same / len(src):.1f}%)")
 
+    # name -> (run, timed). "as nmt": nmt's options (patience 2) and per-sentence limits (one call per
+    # limit); "one call": the same options in one call with the largest limit, as a CTranslate2 user
+    # calls it; "patience 1": CTranslate2's default beam stopping.
     configs = {
-        "nmt fp32": nmt_run(nmt32, beam),
-        f"nmt auto ({nmt_auto.precision.name})": nmt_run(nmt_auto, beam),
-        "ct2 fp32": ct2_run(ct2_32, beam),
-        "ct2 int8": ct2_run(ct2_8, beam),
-        "ct2 fp32, one call": ct2_run(ct2_32, beam, False),
-        "ct2 int8, one call": ct2_run(ct2_8, beam, False),
+        "nmt fp32": (nmt_run(nmt32, beam), True),
+        f"nmt auto ({nmt_auto.precision.name})": (nmt_run(nmt_auto, beam), True),
+        "ct2 fp32, as nmt": (ct2_run(ct2_32, beam), False),
+        "ct2 fp32, one call": (ct2_run(ct2_32, beam, False), True),
+        "ct2 int8, one call": (ct2_run(ct2_8, beam, False), True),
+        "ct2 fp32, one call, patience 1": (ct2_run(ct2_32, beam, False, patience=1), True),
+        "ct2 int8, one call, patience 1": (ct2_run(ct2_8, beam, False, patience=1), True),
     }
-    hyps = {name: run() for name, run in configs.items()}  # also the warm-up
+    hyps = {name: run() for name, (run, _) in configs.items()}  # also the warm-up
     results["bleu_beam5"] = {name: round(corpus_scores(h, [ref]).bleu, 2) for name, h in hyps.items()}
-    results["beam5_identical_to_nmt_fp32"] = {
-        n: sum(a == b for a, b in zip(hyps["nmt fp32"], h)) for n, h in hyps.items()
-    }
+    same = {n: sum(a == b for a, b in zip(hyps["nmt fp32"], h)) for n, h in hyps.items()}
+    results["beam5_identical_to_nmt_fp32"] = same
     log(f"beam 5 BLEU: {results['bleu_beam5']}")
+    log(f"beam 5 lines identical to nmt fp32: {same}")
 
-    seconds: dict[str, list[float]] = {name: [] for name in configs}
+    timed = {name: run for name, (run, t) in configs.items() if t}
+    seconds: dict[str, list[float]] = {name: [] for name in timed}
     for rep in range(args.repeats):
-        for name, run in configs.items():
+        for name, run in timed.items():
             start = time.perf_counter()
             run()
             seconds[name].append(time.perf_counter() - start)
@@ -113,9 +119,10 @@ def main() -> int:
     results["speed_vs_nmt_fp32"] = {name: round(v / base, 2) for name, v in speed.items()}
 
     print(f"\n{results['cpu']}, {args.threads} threads, {len(src)} sentences, beam 5, median of {args.repeats}")
-    print("| decoder | BLEU | sentences/s | vs nmt fp32 |\n| --- | ---: | ---: | ---: |")
+    print("| decoder | BLEU | lines = nmt fp32 | sentences/s | vs nmt fp32 |\n| --- | ---: | ---: | ---: | ---: |")
     for name in configs:
-        print(f"| {name} | {results['bleu_beam5'][name]:.2f} | {speed[name]:.1f} | {speed[name] / base:.2f}x |")
+        figures = f"{speed[name]:.1f} | {speed[name] / base:.2f}x" if name in speed else "- | -"
+        print(f"| {name} | {results['bleu_beam5'][name]:.2f} | {same[name]} | {figures} |")
     if args.json:
         args.json.write_text(json.dumps(results, indent=1) + "\n")
     tmp.cleanup()

@@ -124,6 +124,10 @@ def test_exported_model_decodes_and_scores_as_ours(
     src_vocab, trg_vocab = export.vocabulary(src_tok), export.vocabulary(trg_tok)
     assert (src_vocab == trg_vocab) == joint
     assert (out / ("shared_vocabulary.json" if joint else "source_vocabulary.json")).exists()
+    spm_files = {"spm.model"} if joint else {"source.spm.model", "target.spm.model"}
+    assert {p.name for p in out.glob("*.model")} == spm_files
+    if not joint:
+        assert (out / "target.spm.model").read_bytes() == trg_tok.model_path.read_bytes()
     translator = ct2.Translator(str(out), intra_threads=1)
 
     ids, batch = source_batch(src_tok, SOURCES)
