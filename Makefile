@@ -25,7 +25,7 @@ $(BIN)/python:
 
 $(VENV)/.installed: pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
-	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,report,tensorboard]"
+	$(BIN)/pip install --quiet --disable-pip-version-check -e ".[dev,report,tensorboard,export]"
 	touch $@
 
 install: $(VENV)/.installed

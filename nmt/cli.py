@@ -211,6 +211,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    from nmt.export import export_run
+
+    export_run(Path(args.run_dir), Path(args.out_dir), args.quantization, _log)
+    return 0
+
+
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
@@ -353,6 +360,20 @@ def _report_parsers(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
 
+def _deploy_parsers(sub) -> None:
+    p = sub.add_parser(
+        "export",
+        help="write a trained Transformer as a CTranslate2 model (pip install 'nmt[export]')",
+        description="Export a run's best checkpoint to an inference engine's format, with its SentencePiece "
+        "model(s) and a README; OUT_DIR must be new or empty.",
+    )
+    p.add_argument("--format", required=True, choices=["ctranslate2"], help="target format")
+    p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8 (default: float32)")
+    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    p.add_argument("out_dir", metavar="OUT_DIR", help="output directory (must not hold files)")
+    p.set_defaults(func=cmd_export)
+
+
 def build_parser() -> argparse.ArgumentParser:
     from nmt import __version__
 
@@ -366,6 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     _train_parsers(sub)
     _translate_parsers(sub)
     _report_parsers(sub)
+    _deploy_parsers(sub)
     return parser
 
 
