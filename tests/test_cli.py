@@ -239,3 +239,23 @@ def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
     assert float(cells[10]) > 0 and float(cells[11]) > 0  # greedy and beam-5 sentences/s
     assert (out / "compare.png").stat().st_size > 1000
     assert rows[1] in stdout and rows[2] in stdout
+
+
+def test_relative_paths_in_a_config_follow_it_from_any_directory(tmp_path):
+    """The CLI run from elsewhere: data and run_dir are found beside the config file, not the working directory."""
+    config = tiny_config(tmp_path / "project", max_updates=3, validate_every=3, warmup_updates=1)
+    values = yaml.safe_load(config.read_text())
+    values["run_dir"] = "runs/tiny"
+    for split in ("train", "dev", "test"):
+        values["data"][split] = "data/train"
+    config.write_text(yaml.safe_dump(values))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = subprocess.run(
+        [sys.executable, "-m", "nmt", "train", "--config", str(config)], cwd=elsewhere, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "project" / "runs" / "tiny" / "checkpoints").is_dir()
+    assert not any(elsewhere.iterdir())
+    saved = yaml.safe_load((tmp_path / "project" / "runs" / "tiny" / "config.yaml").read_text())
+    assert saved["run_dir"] == "." and saved["data"]["train"]["path"] == str(tmp_path / "project" / "data" / "train")
