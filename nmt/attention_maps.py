@@ -54,6 +54,14 @@ class Selection:
         return w.mean(dim=1) if self.head is None else w[:, self.head]
 
 
+def choose(layer: str, head: str, model: ModelConfig) -> Selection:
+    """``--attention-layer`` and ``--attention-head`` as given (a number or 'mean'), checked against
+    what ``model`` records."""
+    selection = Selection(Selection.parse(layer, "--attention-layer"), Selection.parse(head, "--attention-head"))
+    selection.check(*recorded_shape(model))
+    return selection
+
+
 def recorded_shape(model: ModelConfig) -> tuple[int, int]:
     """(layers, heads) a model records: the RNN has one alignment, the Transformer one per decoder
     layer and head."""

@@ -86,22 +86,12 @@ def _decode_config(args: argparse.Namespace, base):
     return decode
 
 
-def _attention_selection(args: argparse.Namespace, run):
-    """--attention-layer/--attention-head, checked against the run's model before any work."""
-    from nmt.attention_maps import Selection, recorded_shape
-
-    layer = Selection.parse(args.attention_layer, "--attention-layer")
-    selection = Selection(layer, Selection.parse(args.attention_head, "--attention-head"))
-    selection.check(*recorded_shape(run.config().model))
-    return selection
-
-
 def _attention_writer(args: argparse.Namespace, run, translator):
     if not getattr(args, "attention", None):
         return None
-    from nmt.attention_maps import AttentionWriter
+    from nmt.attention_maps import AttentionWriter, choose
 
-    selection = _attention_selection(args, run)
+    selection = choose(args.attention_layer, args.attention_head, run.config().model)
     return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
 
 
@@ -129,9 +119,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
     _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
     if args.attention:
-        from nmt.attention_maps import figure_class
+        from nmt.attention_maps import choose, figure_class
 
-        _attention_selection(args, run)
+        choose(args.attention_layer, args.attention_head, run.config().model)
         figure_class()
         check_output_dir(Path(args.attention), [run.path], "--attention")
     source = input_file(args.input, "--input")
