@@ -1,19 +1,12 @@
-"""The ``nmt`` command: parses arguments and calls the pipeline stages; nothing else lives here."""
+"""The ``nmt`` command: its arguments, and the dispatch to ``nmt.commands``; nothing else lives here."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-from pathlib import Path
 
+from nmt import commands
 from nmt.errors import NMTError
-
-
-def _log(message: str) -> None:
-    from tqdm import tqdm
-
-    tqdm.write(message, file=sys.stderr)
 
 
 def _positive_int(text: str) -> int:
@@ -36,176 +29,14 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
-def cmd_train(args: argparse.Namespace) -> int:
-    from nmt.config import load_config
-    from nmt.training import train
+def _number_list(kind: type):
+    def parse(text: str) -> list:
+        try:
+            return [kind(x) for x in text.split(",") if x.strip()]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
 
-    cfg = load_config(args.config, args.set)
-    train(cfg, _log, Path(args.config))
-    return 0
-
-
-def cmd_prepare(args: argparse.Namespace) -> int:
-    import time
-
-    from nmt.config import load_config
-    from nmt.prepare import prepare
-    from nmt.rundir import RunDir
-
-    cfg = load_config(args.config, args.set)
-    run = RunDir(cfg.run_dir)
-    run.open_for_training(cfg, Path(args.config), _log)
-    try:
-        start = time.perf_counter()
-        data = prepare(cfg, run, _log)
-        seconds = time.perf_counter() - start
-        data.train.close()
-    finally:
-        run.close()
-    _log(
-        f"prepared {len(data.train)} training pairs in {seconds:.1f} s "
-        f"({len(data.train) / max(seconds, 1e-9):.0f} pairs/s); 'nmt train --config {args.config}' reuses them"
-    )
-    return 0
-
-
-def _decode_config(args: argparse.Namespace, base):
-    from dataclasses import replace
-
-    changes = {}
-    for name in ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "nbest"):
-        value = getattr(args, name, None)
-        if value is not None:
-            changes[name] = value
-    decode = replace(base, **changes)
-    if decode.nbest > decode.beam_size:
-        raise NMTError(
-            f"--nbest {decode.nbest} is more than the beam size {decode.beam_size}: "
-            f"give --beam-size {decode.nbest} or more"
-        )
-    return decode
-
-
-def _attention_writer(args: argparse.Namespace, run, translator):
-    if not getattr(args, "attention", None):
-        return None
-    from nmt.attention_maps import AttentionWriter, choose
-
-    selection = choose(args.attention_layer, args.attention_head, run.config().model)
-    return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
-
-
-def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
-    """Translate ``source`` (stdin if None) into ``sink`` with the run's checkpoint and the decoding
-    options given; returns the lines read."""
-    from nmt.streams import translate_into
-    from nmt.translate import load_translator
-
-    try:
-        decode = _decode_config(args, run.config().decode)
-        translator = load_translator(run, args.device, args.precision, _log, args.checkpoint)
-        maps = _attention_writer(args, run, translator)
-    except BaseException:
-        sink.discard()
-        raise
-    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
-
-
-def cmd_translate(args: argparse.Namespace) -> int:
-    from nmt.files import check_output_dir
-    from nmt.rundir import RunDir
-    from nmt.streams import input_file, open_output
-
-    run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
-    _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
-    if args.attention:
-        from nmt.attention_maps import choose, figure_class
-
-        choose(args.attention_layer, args.attention_head, run.config().model)
-        figure_class()
-        check_output_dir(Path(args.attention), [run.path], "--attention")
-    source = input_file(args.input, "--input")
-    sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
-    _translate_to(args, run, source, sink)
-    return 0
-
-
-def cmd_eval_bleu(args: argparse.Namespace) -> int:
-    from nmt.corpus import read_lines
-    from nmt.scoring import corpus_scores
-
-    refs = [read_lines(Path(r)) for r in args.ref]
-    if args.model:
-        from nmt.rundir import RunDir
-        from nmt.streams import CollectedLines, StdoutLines, input_file, open_output
-
-        if not args.src:
-            raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
-        run = RunDir.existing(args.model)
-        _decode_config(args, run.config().decode)
-        source = input_file(args.src, "--src")
-        n_src = sum(1 for _ in read_lines(source))
-        if n_src != len(refs[0]):
-            raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
-        inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
-        to_file = args.output not in (None, "-")
-        sink = open_output(args.output, inputs, "--output") if to_file else CollectedLines()
-        _translate_to(args, run, source, sink)
-        hyps = read_lines(Path(args.output)) if to_file else sink.collected
-        if args.output == "-":
-            StdoutLines().write(hyps)
-        hyp_name = f"translation of {args.src}"
-    else:
-        if not args.hyp:
-            raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
-        hyps = read_lines(Path(args.hyp))
-        hyp_name = args.hyp
-    if not hyps:
-        raise NMTError(f"{hyp_name}: empty input, nothing to score")
-    scores = corpus_scores(hyps, refs, ref_names=list(args.ref))
-    if args.json:
-        print(json.dumps(scores.to_dict(), indent=1))
-    else:
-        print(scores.summary())
-    return 0
-
-
-def cmd_average(args: argparse.Namespace) -> int:
-    from nmt.average import average_run
-    from nmt.rundir import RunDir
-
-    average_run(RunDir.existing(args.model), args.last, args.device, _log)
-    return 0
-
-
-def cmd_bench(args: argparse.Namespace) -> int:
-    from nmt import bench
-    from nmt.config import load_config
-
-    cfg = load_config(args.config, args.set)
-    bench.main(cfg, args.model, args.updates, args.warmup, args.decode_sentences, args.json, _log)
-    return 0
-
-
-def cmd_compare(args: argparse.Namespace) -> int:
-    from nmt.compare import compare
-
-    print(compare([Path(d) for d in args.runs], Path(args.out), _log))
-    return 0
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    from nmt.plot import plot_runs
-
-    plot_runs([Path(d) for d in args.runs], Path(args.out), _log)
-    return 0
-
-
-def cmd_export(args: argparse.Namespace) -> int:
-    from nmt.export import export_run
-
-    export_run(Path(args.run_dir), Path(args.out_dir), args.quantization, _log)
-    return 0
+    return parse
 
 
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
@@ -244,7 +75,7 @@ def _train_parsers(sub) -> None:
         description="Train from a YAML config. Running it again on the same run_dir resumes.",
     )
     _add_config_options(p)
-    p.set_defaults(func=cmd_train)
+    p.set_defaults(func=commands.cmd_train)
 
     p = sub.add_parser(
         "prepare",
@@ -253,7 +84,7 @@ def _train_parsers(sub) -> None:
         "using data.workers processes. An interrupted preparation resumes; 'nmt train' then starts at once.",
     )
     _add_config_options(p)
-    p.set_defaults(func=cmd_prepare)
+    p.set_defaults(func=commands.cmd_prepare)
 
     p = sub.add_parser(
         "average",
@@ -264,7 +95,7 @@ def _train_parsers(sub) -> None:
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("--last", type=_positive_int, required=True, help="how many of the latest checkpoints")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to score it")
-    p.set_defaults(func=cmd_average)
+    p.set_defaults(func=commands.cmd_average)
 
 
 def _translate_parsers(sub) -> None:
@@ -296,7 +127,7 @@ def _translate_parsers(sub) -> None:
         "'INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE' (SCORE = LOGPROB / length**length_penalty)",
     )
     _add_decode_options(p)
-    p.set_defaults(func=cmd_translate)
+    p.set_defaults(func=commands.cmd_translate)
 
     p = sub.add_parser(
         "eval-bleu",
@@ -310,7 +141,27 @@ def _translate_parsers(sub) -> None:
     p.add_argument("--output", "-o", help="with --model: also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     _add_decode_options(p)
-    p.set_defaults(func=cmd_eval_bleu)
+    p.set_defaults(func=commands.cmd_eval_bleu)
+
+
+def _tune_parser(sub) -> None:
+    from nmt.tune_decode import BEAM_SIZES, LENGTH_PENALTIES
+
+    p = sub.add_parser(
+        "tune-decode",
+        help="choose beam size and length penalty on the dev set; written into the run's config",
+        description="Translate the run's dev set with every beam size and length penalty given, keep the pair "
+        "with the best dev BLEU in RUN_DIR/config.yaml (decode section) and the grid in RUN_DIR/tune_decode.json.",
+    )
+    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    beams, penalties = ",".join(map(str, BEAM_SIZES)), ",".join(map(str, LENGTH_PENALTIES))
+    p.add_argument("--beam-sizes", type=_number_list(int), default=list(BEAM_SIZES), help=f"default {beams}")
+    p.add_argument(
+        "--length-penalties", type=_number_list(float), default=list(LENGTH_PENALTIES), help=f"default {penalties}"
+    )
+    p.add_argument("--checkpoint", default="auto", help="which checkpoint to tune for (see translate)")
+    p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
+    p.set_defaults(func=commands.cmd_tune_decode)
 
 
 def _report_parsers(sub) -> None:
@@ -326,7 +177,7 @@ def _report_parsers(sub) -> None:
     p.add_argument("--warmup", type=_positive_int, default=5, help="untimed updates first (default 5)")
     p.add_argument("--decode-sentences", type=_positive_int, help="decode only the first N test sentences")
     p.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
-    p.set_defaults(func=cmd_bench)
+    p.set_defaults(func=commands.cmd_bench)
 
     p = sub.add_parser(
         "compare",
@@ -336,7 +187,7 @@ def _report_parsers(sub) -> None:
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
     p.add_argument("--out", default="report", help="output directory (default: report)")
-    p.set_defaults(func=cmd_compare)
+    p.set_defaults(func=commands.cmd_compare)
 
     p = sub.add_parser(
         "plot",
@@ -347,7 +198,7 @@ def _report_parsers(sub) -> None:
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
-    p.set_defaults(func=cmd_plot)
+    p.set_defaults(func=commands.cmd_plot)
 
 
 def _deploy_parsers(sub) -> None:
@@ -361,7 +212,7 @@ def _deploy_parsers(sub) -> None:
     p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8 (default: float32)")
     p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("out_dir", metavar="OUT_DIR", help="output directory (must not hold files)")
-    p.set_defaults(func=cmd_export)
+    p.set_defaults(func=commands.cmd_export)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -376,6 +227,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     _train_parsers(sub)
     _translate_parsers(sub)
+    _tune_parser(sub)
     _report_parsers(sub)
     _deploy_parsers(sub)
     return parser

@@ -1,0 +1,199 @@
+"""What each ``nmt`` command does, given its parsed arguments: each calls the pipeline stages
+and turns nothing into output itself. The arguments are defined in ``nmt.cli``."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from nmt.errors import NMTError
+
+
+def log(message: str) -> None:
+    """Progress and results for the user: stderr, above any progress bar."""
+    from tqdm import tqdm
+
+    tqdm.write(message, file=sys.stderr)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from nmt.config import load_config
+    from nmt.training import train
+
+    cfg = load_config(args.config, args.set)
+    train(cfg, log, Path(args.config))
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    import time
+
+    from nmt.config import load_config
+    from nmt.prepare import prepare
+    from nmt.rundir import RunDir
+
+    cfg = load_config(args.config, args.set)
+    run = RunDir(cfg.run_dir)
+    run.open_for_training(cfg, Path(args.config), log)
+    try:
+        start = time.perf_counter()
+        data = prepare(cfg, run, log)
+        seconds = time.perf_counter() - start
+        data.train.close()
+    finally:
+        run.close()
+    log(
+        f"prepared {len(data.train)} training pairs in {seconds:.1f} s "
+        f"({len(data.train) / max(seconds, 1e-9):.0f} pairs/s); 'nmt train --config {args.config}' reuses them"
+    )
+    return 0
+
+
+def _decode_config(args: argparse.Namespace, base):
+    from dataclasses import replace
+
+    changes = {}
+    for name in ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "nbest"):
+        value = getattr(args, name, None)
+        if value is not None:
+            changes[name] = value
+    decode = replace(base, **changes)
+    if decode.nbest > decode.beam_size:
+        raise NMTError(
+            f"--nbest {decode.nbest} is more than the beam size {decode.beam_size}: "
+            f"give --beam-size {decode.nbest} or more"
+        )
+    return decode
+
+
+def _attention_writer(args: argparse.Namespace, run, translator):
+    if not getattr(args, "attention", None):
+        return None
+    from nmt.attention_maps import AttentionWriter, choose
+
+    selection = choose(args.attention_layer, args.attention_head, run.config().model)
+    return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
+
+
+def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
+    """Translate ``source`` (stdin if None) into ``sink`` with the run's checkpoint and the decoding
+    options given; returns the lines read."""
+    from nmt.streams import translate_into
+    from nmt.translate import load_translator
+
+    try:
+        decode = _decode_config(args, run.config().decode)
+        translator = load_translator(run, args.device, args.precision, log, args.checkpoint)
+        maps = _attention_writer(args, run, translator)
+    except BaseException:
+        sink.discard()
+        raise
+    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
+
+
+def cmd_translate(args: argparse.Namespace) -> int:
+    from nmt.files import check_output_dir
+    from nmt.rundir import RunDir
+    from nmt.streams import input_file, open_output
+
+    run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
+    _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
+    if args.attention:
+        from nmt.attention_maps import choose, figure_class
+
+        choose(args.attention_layer, args.attention_head, run.config().model)
+        figure_class()
+        check_output_dir(Path(args.attention), [run.path], "--attention")
+    source = input_file(args.input, "--input")
+    sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
+    _translate_to(args, run, source, sink)
+    return 0
+
+
+def cmd_eval_bleu(args: argparse.Namespace) -> int:
+    from nmt.corpus import read_lines
+    from nmt.scoring import corpus_scores
+
+    refs = [read_lines(Path(r)) for r in args.ref]
+    if args.model:
+        from nmt.rundir import RunDir
+        from nmt.streams import CollectedLines, StdoutLines, input_file, open_output
+
+        if not args.src:
+            raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
+        run = RunDir.existing(args.model)
+        _decode_config(args, run.config().decode)
+        source = input_file(args.src, "--src")
+        n_src = sum(1 for _ in read_lines(source))
+        if n_src != len(refs[0]):
+            raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
+        inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
+        to_file = args.output not in (None, "-")
+        sink = open_output(args.output, inputs, "--output") if to_file else CollectedLines()
+        _translate_to(args, run, source, sink)
+        hyps = read_lines(Path(args.output)) if to_file else sink.collected
+        if args.output == "-":
+            StdoutLines().write(hyps)
+        hyp_name = f"translation of {args.src}"
+    else:
+        if not args.hyp:
+            raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
+        hyps = read_lines(Path(args.hyp))
+        hyp_name = args.hyp
+    if not hyps:
+        raise NMTError(f"{hyp_name}: empty input, nothing to score")
+    scores = corpus_scores(hyps, refs, ref_names=list(args.ref))
+    if args.json:
+        print(json.dumps(scores.to_dict(), indent=1))
+    else:
+        print(scores.summary())
+    return 0
+
+
+def cmd_average(args: argparse.Namespace) -> int:
+    from nmt.average import average_run
+    from nmt.rundir import RunDir
+
+    average_run(RunDir.existing(args.model), args.last, args.device, log)
+    return 0
+
+
+def cmd_tune_decode(args: argparse.Namespace) -> int:
+    from nmt.rundir import RunDir
+    from nmt.tune_decode import tune_decode
+
+    run = RunDir.existing(args.model)
+    tune_decode(run, args.beam_sizes, args.length_penalties, args.device, args.checkpoint, log)
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from nmt import bench
+    from nmt.config import load_config
+
+    cfg = load_config(args.config, args.set)
+    bench.main(cfg, args.model, args.updates, args.warmup, args.decode_sentences, args.json, log)
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from nmt.compare import compare
+
+    print(compare([Path(d) for d in args.runs], Path(args.out), log))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from nmt.plot import plot_runs
+
+    plot_runs([Path(d) for d in args.runs], Path(args.out), log)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from nmt.export import export_run
+
+    export_run(Path(args.run_dir), Path(args.out_dir), args.quantization, log)
+    return 0

@@ -1,0 +1,73 @@
+"""``nmt tune-decode``: the beam size and length penalty that translate the run's dev set best,
+written into the run's ``config.yaml`` (``decode.beam_size``, ``decode.length_penalty``), so that
+``nmt translate`` and ``eval-bleu`` use them from then on. Chosen on dev only: a test set is never
+read here.
+
+Each (beam size, length penalty) pair is a full beam search of the dev set, since the penalty
+changes which hypotheses survive, not only how the finished ones rank.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from nmt.config import DecodeConfig
+from nmt.corpus import clean_pairs, read_parallel
+from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
+from nmt.rundir import RunDir
+from nmt.scoring import bleu_only
+
+BEAM_SIZES = (1, 2, 4, 5, 8)
+LENGTH_PENALTIES = (0.0, 0.6, 0.8, 1.0, 1.2, 1.5)
+
+
+@dataclass(frozen=True)
+class Trial:
+    beam_size: int
+    length_penalty: float
+    bleu: float
+
+
+def best_trial(trials: list[Trial]) -> Trial:
+    """The highest dev BLEU; among equal ones the smaller beam (faster), then the penalty nearest 1."""
+    return max(trials, key=lambda t: (round(t.bleu, 2), -t.beam_size, -abs(t.length_penalty - 1.0)))
+
+
+def grid(translate: Callable[[DecodeConfig], list[str]], refs: list[str], base: DecodeConfig, beams, penalties, log):
+    """Every (beam size, penalty) pair scored on dev; beam 1 is greedy, so only one penalty for it."""
+    trials = []
+    for beam in beams:
+        for alpha in penalties if beam > 1 else penalties[:1]:
+            bleu = bleu_only(translate(replace(base, beam_size=beam, length_penalty=alpha, nbest=1)), refs)
+            trials.append(Trial(beam, alpha, bleu))
+            log(f"beam {beam:2d}, length penalty {alpha:.2f}: dev BLEU {bleu:.2f}")
+    return trials
+
+
+def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Callable[[str], None]) -> Trial:
+    """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
+    from nmt.translate import load_translator
+
+    if any(b < 1 for b in beams) or any(a < 0 for a in penalties):
+        raise NMTError("tune-decode: beam sizes must be >= 1 and length penalties >= 0")
+    cfg = run.config()
+    run.lock(log)
+    try:
+        translator = load_translator(run, device, None, log, which)
+        src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
+        trials = grid(lambda d: [h[0] for h in translator.translate(src, d)], ref, cfg.decode, beams, penalties, log)
+        best = best_trial(trials)
+        cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
+        run.write_config(cfg)
+        report = {"dev": cfg.data.dev.path, "chosen": best.__dict__, "trials": [t.__dict__ for t in trials]}
+        atomic_write_bytes(run.path / "tune_decode.json", json.dumps(report, indent=1).encode("utf-8"))
+    finally:
+        run.close()
+    log(
+        f"chosen on dev: beam {best.beam_size}, length penalty {best.length_penalty} (dev BLEU {best.bleu:.2f}); "
+        f"written to {run.config_path}"
+    )
+    return best

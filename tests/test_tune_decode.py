@@ -1,0 +1,35 @@
+"""nmt tune-decode: the grid on dev, the winner written into the run's config."""
+
+import json
+
+import yaml
+from conftest import tiny_config
+
+from nmt.cli import main
+from nmt.rundir import RunDir
+from nmt.tune_decode import Trial, best_trial
+
+
+def test_best_trial_prefers_bleu_then_a_smaller_beam_then_a_penalty_near_one():
+    trials = [Trial(5, 1.0, 30.0), Trial(2, 0.6, 30.001), Trial(2, 1.2, 30.0), Trial(8, 1.0, 29.0)]
+    assert best_trial(trials) == Trial(2, 1.2, 30.0)  # 30.001 and 30.0 are equal to two decimals
+    assert best_trial([Trial(4, 0.6, 31.0), *trials]) == Trial(4, 0.6, 31.0)
+
+
+def test_tune_decode_writes_the_winner_into_the_run_config(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=40)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    before = yaml.safe_load((run / "config.yaml").read_text())
+    args = ["tune-decode", "--model", str(run), "--beam-sizes", "1,3", "--length-penalties", "0.5,1.5"]
+    assert main(args) == 0
+    report = json.loads((run / "tune_decode.json").read_text())
+    assert [(t["beam_size"], t["length_penalty"]) for t in report["trials"]] == [(1, 0.5), (3, 0.5), (3, 1.5)]
+    chosen = best_trial([Trial(**t) for t in report["trials"]])
+    assert report["chosen"] == chosen.__dict__ and report["dev"] == before["data"]["dev"]["path"]
+    cfg = RunDir.existing(run).config()
+    assert (cfg.decode.beam_size, cfg.decode.length_penalty) == (chosen.beam_size, chosen.length_penalty)
+    after = yaml.safe_load((run / "config.yaml").read_text())
+    assert {k: v for k, v in after.items() if k != "decode"} == {k: v for k, v in before.items() if k != "decode"}
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "0"]) == 2
+    assert "beam sizes must be >= 1" in capsys.readouterr().err
