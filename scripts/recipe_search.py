@@ -1,0 +1,117 @@
+"""Recipe search at a fixed wall-clock budget, chosen on dev only.
+
+Each variant is the base config with some ``--set`` overrides, trained for the same number of
+minutes (``train.max_minutes``: training and validation together), on the same machine, and ranked
+by its best dev BLEU (dev loss as the tie-breaker). A test set is never translated here.
+
+    python scripts/recipe_search.py --base configs/multi30k_transformer.yaml --minutes 15 \\
+        --out runs/search/lr --variant "lr7e-4: train.lr_peak=7e-4" --variant "lr2e-3: train.lr_peak=2e-3"
+
+``--parallel 2 --threads 1`` trains two variants at once, one thread each (the budget then buys
+about half the updates of a two-thread run: compare variants within one search, not across
+searches with other settings). Writes OUT/results.md (a table) and OUT/results.json; draw the dev
+curves with ``nmt plot OUT/* --out OUT/figures``. A variant whose run directory already finished
+is not trained again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.metrics import read_metrics  # noqa: E402
+
+
+def parse_variant(text: str) -> tuple[str, list[str]]:
+    """'name: key=value key=value' -> (name, [key=value, ...]); 'name:' alone is the base."""
+    name, _, sets = text.partition(":")
+    if not name.strip() or "/" in name:
+        raise SystemExit(f"--variant {text!r}: expected 'NAME: section.key=value ...'")
+    return name.strip(), sets.split()
+
+
+def command(base: Path, run_dir: Path, sets: list[str], minutes: float, threads: int | None) -> list[str]:
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(base), "--set", f"run_dir={run_dir}"]
+    args += ["--set", f"train.max_minutes={minutes}", "--set", "train.max_updates=null"]
+    if threads is not None:
+        args += ["--set", f"train.threads={threads}"]
+    for s in sets:
+        args += ["--set", s]
+    return args
+
+
+def summary(name: str, sets: list[str], run_dir: Path) -> dict:
+    train, valid = read_metrics(run_dir)
+    best = max(valid, key=lambda r: (r["dev_bleu"], -r["dev_loss"]))
+    return {
+        "name": name,
+        "settings": " ".join(sets) or "(base)",
+        "updates": train[-1]["update"] if train else 0,
+        "minutes": round((train[-1]["elapsed"] if train else 0) / 60, 1),
+        "best_dev_bleu": best["dev_bleu"],
+        "best_at_update": best["update"],
+        "dev_loss_at_best": best["dev_loss"],
+        "last_dev_loss": valid[-1]["dev_loss"],
+        "curve": [(r["update"], round(r["elapsed"] / 60, 2), r["dev_bleu"]) for r in valid],
+    }
+
+
+def markdown(rows: list[dict], minutes: float) -> str:
+    lines = [
+        f"Budget: {minutes} minutes of training and validation per variant; ranked by best dev BLEU.",
+        "",
+        "| rank | variant | settings | updates | best dev BLEU (update) | dev loss there | last dev loss |",
+        "| ---: | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for i, r in enumerate(rows, 1):
+        lines.append(
+            f"| {i} | {r['name']} | `{r['settings']}` | {r['updates']} | {r['best_dev_bleu']:.2f} "
+            f"({r['best_at_update']}) | {r['dev_loss_at_best']:.3f} | {r['last_dev_loss']:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--base", type=Path, required=True, help="config the variants change")
+    p.add_argument("--out", type=Path, required=True, help="directory of the variants' runs")
+    p.add_argument("--minutes", type=float, required=True, help="wall-clock budget per variant")
+    p.add_argument("--variant", action="append", required=True, help="'NAME: section.key=value ...'")
+    p.add_argument("--parallel", type=int, default=1, help="variants trained at once")
+    p.add_argument("--threads", type=int, help="train.threads of each (default: the config's)")
+    args = p.parse_args()
+    variants = [parse_variant(v) for v in args.variant]
+    args.out.mkdir(parents=True, exist_ok=True)
+    pending = [(n, s) for n, s in variants if not (args.out / n / "checkpoints" / "index.json").exists()]
+    running: list[tuple[str, subprocess.Popen]] = []
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            name, sets = pending.pop(0)
+            log = open(args.out / f"{name}.log", "w")
+            cmd = command(args.base, args.out / name, sets, args.minutes, args.threads)
+            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
+            print(f"started {name}: {' '.join(sets) or '(base)'}", flush=True)
+        time.sleep(5)
+        for name, proc in list(running):
+            if proc.poll() is not None:
+                running.remove((name, proc))
+                print(f"finished {name} (exit {proc.returncode})", flush=True)
+    rows = sorted(
+        (summary(n, s, args.out / n) for n, s in variants), key=lambda r: (-r["best_dev_bleu"], r["dev_loss_at_best"])
+    )
+    (args.out / "results.json").write_text(json.dumps(rows, indent=1))
+    table = markdown(rows, args.minutes)
+    (args.out / "results.md").write_text(table)
+    print(table)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
