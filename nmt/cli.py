@@ -284,6 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    from nmt.openmp import limit_spinning
+
+    limit_spinning()  # before anything imports torch, which loads the OpenMP runtime
     from nmt.device import enlarge_onednn_cache
 
     enlarge_onednn_cache()  # before torch builds its first oneDNN kernel
