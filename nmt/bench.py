@@ -106,6 +106,9 @@ def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None
         "updates": len(step_times),
         "seconds": seconds,
         "median_update_seconds": statistics.median(step_times),
+        # A stalled update (waiting, or compiling for a new shape) shows here, not in the mean.
+        "max_over_median_update": max(step_times) / statistics.median(step_times),
+        "first_pass_max_over_median_update": max(first) / statistics.median(first),
         "trg_tokens_per_s": trg_tokens / seconds,
         "src_trg_tokens_per_s": (src_tokens + trg_tokens) / seconds,
         "trg_tokens_per_update": trg_tokens / len(step_times),
@@ -118,6 +121,10 @@ def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None
         f"{result['src_trg_tokens_per_s']:.0f} source+target tokens/s "
         f"({result['trg_tokens_per_update']:.0f} target tokens/update, {len(step_times)} updates; "
         f"{result['first_pass_trg_tokens_per_s']:.0f} target tokens/s the first time each batch shape is seen)"
+    )
+    log(
+        f"update time: median {1e3 * result['median_update_seconds']:.0f} ms, slowest/median "
+        f"{result['max_over_median_update']:.2f} ({result['first_pass_max_over_median_update']:.2f} the first time)"
     )
     return result
 

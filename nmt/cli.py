@@ -144,9 +144,11 @@ def _translate_parsers(sub) -> None:
     p.set_defaults(func=commands.cmd_eval_bleu)
 
 
-def _tune_parser(sub) -> None:
-    from nmt.tune_decode import BEAM_SIZES, LENGTH_PENALTIES
+BEAM_SIZES = (1, 2, 4, 5, 8)  # tune-decode's grid
+LENGTH_PENALTIES = (0.0, 0.6, 0.8, 1.0, 1.2, 1.5)
 
+
+def _tune_parser(sub) -> None:
     p = sub.add_parser(
         "tune-decode",
         help="choose beam size and length penalty on the dev set; written into the run's config",
@@ -234,6 +236,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from nmt.openmp import limit_spinning
+
+    limit_spinning()  # before anything imports torch, which loads the OpenMP runtime
     parser = build_parser()
     args = parser.parse_args(argv)
     from nmt.device import enlarge_onednn_cache

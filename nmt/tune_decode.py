@@ -20,9 +20,6 @@ from nmt.files import atomic_write_bytes
 from nmt.rundir import RunDir
 from nmt.scoring import bleu_only
 
-BEAM_SIZES = (1, 2, 4, 5, 8)
-LENGTH_PENALTIES = (0.0, 0.6, 0.8, 1.0, 1.2, 1.5)
-
 
 @dataclass(frozen=True)
 class Trial:

@@ -16,6 +16,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from nmt.openmp import limit_spinning  # noqa: E402
+
+limit_spinning()  # as the CLI does, before torch loads the OpenMP runtime
+
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 

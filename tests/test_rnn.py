@@ -7,9 +7,10 @@ import itertools
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 from nmt.models.attention import make_attention
-from nmt.models.rnn import RNNConfig, RNNSeq2Seq
+from nmt.models.rnn import LSTMStepWeights, RNNConfig, RNNSeq2Seq, lstm_step
 
 PAD, BOS, EOS = 0, 1, 2
 VOCAB = 20
@@ -238,3 +239,26 @@ def test_autocast_bf16_forward(feed):
     loss.backward()
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     assert model.encoder.weight_ih_l0.grad is not None and model.combine.weight.grad is not None
+
+
+def test_lstm_step_equals_nn_lstm_values_and_gradients():
+    """The decoder's hand-written LSTM step computes what nn.LSTM does, and trains its parameters."""
+    torch.manual_seed(0)
+    emb_size, feed_size, hidden_size = 5, 3, 4
+    lstm = nn.LSTM(emb_size + feed_size, hidden_size, num_layers=2, batch_first=True)
+    emb, feed = torch.randn(6, emb_size), torch.randn(6, feed_size)
+    h0, c0 = torch.randn(2, 6, hidden_size), torch.randn(2, 6, hidden_size)
+
+    out, (h_ref, c_ref) = lstm(torch.cat([emb, feed], -1).unsqueeze(1), (h0, c0))
+    (h_ref.sum() + 2 * c_ref.sum()).backward()
+    grads_ref = [p.grad.clone() for p in lstm.parameters()]
+    lstm.zero_grad()
+
+    weights = LSTMStepWeights.of(lstm, emb_size)
+    h, c = lstm_step(weights.project(emb), feed, h0, c0, weights, dropout=lambda x: x)
+    torch.testing.assert_close(h, h_ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(c, c_ref, atol=1e-6, rtol=1e-5)
+    torch.testing.assert_close(h[-1], out[:, 0], atol=1e-6, rtol=1e-5)
+    (h.sum() + 2 * c.sum()).backward()
+    for p, g in zip(lstm.parameters(), grads_ref):
+        torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-5)
