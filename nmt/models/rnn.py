@@ -21,10 +21,10 @@ Single LSTM steps are computed here (``lstm_step``), not by ``nn.LSTM``: on CPUs
 each call through oneDNN's reference RNN primitive, which reorders the weights and opens a dozen
 parallel regions per call, forward and backward, for a few small matrix products. Here a step is
 one matrix product per layer on [input; h] with the embedding's share of the first layer computed
-for all positions at once: 18% faster updates on the tiny LSTM config, 5% on Multi30k (2-core
-Xeon), and a third fewer OpenMP regions, each of which stalls when the cores are shared (see
-nmt/openmp.py). The parameters stay in the ``nn.LSTM`` (same names in checkpoints), which still
-runs whole sequences (the encoder; the decoder without input feeding).
+for all positions at once. On a 2-core Xeon, fp32: the tiny LSTM config's updates are 17% faster
+with 38% fewer parallel regions (each a wait when the cores are shared, see nmt/openmp.py), the
+Multi30k LSTM's 4% faster. The parameters stay in the ``nn.LSTM`` (same names in checkpoints),
+which still runs whole sequences (the encoder; the decoder without input feeding).
 """
 
 from __future__ import annotations
@@ -155,28 +155,29 @@ def lstm_step(
     cell: torch.Tensor,
     weights: LSTMStepWeights,
     dropout: Callable[[torch.Tensor], torch.Tensor],
-) -> tuple[torch.Tensor, torch.Tensor]:
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One position through all layers, as nn.LSTM computes it (gates i, f, g, o; ``dropout`` between layers).
 
     projected (N, 4H) from ``weights.project``; feed (N, H') the rest of the first layer's input, or None;
-    hidden, cell (L, N, H). Returns the new hidden and cell (L, N, H), in fp32 under autocast too.
+    hidden, cell (L, N, H). Returns the top layer's output (N, H) and the new hidden and cell (L, N, H),
+    in fp32 under autocast too.
     """
     hs, cs = [], []
     x = feed
-    for layer, w in enumerate(weights.recurrent):
-        h = hidden[layer]
+    # unbind, not indexing: an indexed tensor's gradient is a zero-filled copy of the whole, per step.
+    for layer, (w, h, c) in enumerate(zip(weights.recurrent, hidden.unbind(0), cell.unbind(0))):
         inputs = h if x is None else torch.cat([x.to(h.dtype), h], dim=-1)
         base = projected if layer == 0 else weights.bias[layer]
         gates = torch.addmm(base, inputs, w.t()).float()  # (N, 4H)
         # One sigmoid over all four gates (g's share unused): fewer kernels, each a parallel region.
         i, f, _, o = torch.sigmoid(gates).chunk(4, dim=-1)
         g = torch.tanh(gates.narrow(-1, 2 * h.size(-1), h.size(-1)))
-        c = torch.addcmul(f * cell[layer], i, g)
+        c = torch.addcmul(f * c, i, g)
         h = o * torch.tanh(c)
         hs.append(h)
         cs.append(c)
         x = dropout(h) if layer + 1 < len(weights.recurrent) else None
-    return torch.stack(hs), torch.stack(cs)
+    return hs[-1], torch.stack(hs), torch.stack(cs)
 
 
 class RNNSeq2Seq(Seq2Seq):
@@ -309,8 +310,8 @@ class RNNSeq2Seq(Seq2Seq):
         """
         if projected:
             feed = state.feed if self.input_feeding else None
-            hidden, cell = lstm_step(emb[:, 0], feed, state.hidden, state.cell, state.lstm, self.dropout)
-            out = hidden[-1].unsqueeze(1)  # (N, 1, H)
+            out, hidden, cell = lstm_step(emb.squeeze(1), feed, state.hidden, state.cell, state.lstm, self.dropout)
+            out = out.unsqueeze(1)  # (N, 1, H)
         else:
             x = emb
             if self.input_feeding:
@@ -324,8 +325,9 @@ class RNNSeq2Seq(Seq2Seq):
         context, weights = self.attention(out, mem.outputs, mem.keys, mem.mask)  # (N, t, H_enc), (N, t, S)
         h_tilde = self.dropout(torch.tanh(self.combine(torch.cat([out, context.to(out.dtype)], dim=-1))))
         attention = weights[:, -1, None, None, :] if state.record_attention else None  # (N, 1, 1, S)
+        feed = h_tilde.squeeze(1) if h_tilde.size(1) == 1 else h_tilde[:, -1]  # a view: no zero-filled gradient
         new_state = replace(
-            state, hidden=hidden, cell=cell, feed=h_tilde[:, -1], step=state.step + emb.size(1), attention=attention
+            state, hidden=hidden, cell=cell, feed=feed, step=state.step + emb.size(1), attention=attention
         )
         return h_tilde, new_state  # (N, t, H)
 
@@ -341,8 +343,8 @@ class RNNSeq2Seq(Seq2Seq):
             if lstm:
                 emb = state.lstm.project(emb)  # (B, T, 4H): one matrix product for every position
             steps = []
-            for t in range(emb.size(1)):
-                h_tilde, state = self._step(emb[:, t : t + 1], state, projected=lstm)  # (B, 1, H)
+            for emb_t in emb.unbind(1):  # not emb[:, t]: see lstm_step
+                h_tilde, state = self._step(emb_t.unsqueeze(1), state, projected=lstm)  # (B, 1, H)
                 steps.append(h_tilde)
             h_tilde = torch.cat(steps, dim=1)  # (B, T, H)
         else:
