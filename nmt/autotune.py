@@ -14,7 +14,12 @@ nothing.
 The result is cached per machine in ``$NMT_CACHE_DIR`` (default ``~/.cache/nmt``), keyed by the
 CPU's model and flags or the GPU, the torch version, the ISA limits set in the environment and the
 shapes; ``nmt train``, ``nmt translate`` and ``nmt bench`` of one model then share one choice and
-the second run pays nothing. A damaged or foreign cache file is ignored and rewritten.
+the second run pays nothing. A damaged or foreign cache file is ignored and rewritten. A
+measurement taken while other jobs held the cores is used for that run only, never cached: on a
+2-core Xeon one taken beside another job chose 1 thread over 2 (66.8 vs 172.9 ms per step) and,
+cached, cost every later run on the idle machine 40% of its speed. Busy means the threads got
+less than ``BUSY_CPU_USE`` of the CPU time they would have had alone (process CPU time over
+wall time x threads, during the multi-threaded steps).
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from nmt.config import ModelConfig, TrainConfig
 from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates
 from nmt.files import atomic_write_bytes
 
-VERSION = 2  # bump when the measurement changes, so old cache entries are not reused
+VERSION = 3  # bump when the measurement changes, so old cache entries are not reused
 MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
+BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
 CACHE_FILE = "autotune.json"
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
 
@@ -63,6 +69,7 @@ class Choice:
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # dimension -> candidate -> ms
     source: str = "config"  # config | measured | cached
     measured_on: str = ""
+    cpu_use: float | None = None  # CPU time / (wall time x threads) while measuring, on a CPU
 
     def describe(self) -> str:
         """One line for the log: the choice, and the figures it was made on."""
@@ -238,21 +245,27 @@ def _batch(shape: Shape, device: torch.device) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(device) for t in (src, src_mask, trg[:, :-1], trg[:, 1:]))
 
 
-def race(steps: dict[str, Callable[[], None]], device: torch.device, rounds: int = 3) -> dict[str, float]:
+def race(
+    steps: dict[str, Callable[[], None]], device: torch.device, rounds: int = 3, usage: list | None = None
+) -> dict[str, float]:
     """Milliseconds per call of each candidate: the fastest of ``rounds`` calls, taken in turn
     (A B C A B C ...) so that a busy machine slows every candidate alike, not whichever ran during
     the busy moment. Each first warms up (a GPU twice: its first calls pay one-time set-up). On a
     CPU a candidate whose warm-up took 4x the fastest warm-up is out (emulated bf16 need not be
-    timed three times to lose): its warm-up time stands as its figure."""
+    timed three times to lose): its warm-up time stands as its figure. ``usage`` collects each
+    call's (wall, process CPU) seconds."""
 
     def timed(step: Callable[[], None]) -> float:
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         step()
         if device.type == "cuda":
             torch.cuda.synchronize(device)
-        return (time.perf_counter() - start) * 1e3
+        wall = time.perf_counter() - start
+        if usage is not None:
+            usage.append((wall, time.process_time() - cpu))
+        return wall * 1e3
 
     best: dict[str, float] = {}
     for name, step in steps.items():
@@ -288,6 +301,13 @@ def decide(grid: dict[str, float], precisions: list[str], kernels: list[str]) ->
     return precision, pick({a: grid[f"{precision}/{a}"] for a in kernels}, kernels[0])
 
 
+def cpu_use(usage: list[tuple[float, float]], threads: int) -> float:
+    """Process CPU time over wall time x threads for (wall, cpu) seconds: near 1 when the threads
+    had their cores, well below when other jobs took turns on them."""
+    wall = sum(w for w, _ in usage)
+    return sum(c for _, c in usage) / (wall * threads) if wall > 0 else 1.0
+
+
 def measure(request: Request, shape: Shape, device: torch.device, world_threads: int | None = None) -> Choice:
     """Time the candidates of every dimension the request leaves to ``auto``; return the choice."""
     from nmt.loss import label_smoothed_nll
@@ -304,7 +324,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
             optimizer.zero_grad(set_to_none=True)
             with Precision(device.type, precision).autocast():
                 logits = model(src, src_mask, trg_in)
-            loss, _ = label_smoothed_nll(logits, trg_out, 0.1, 0)
+            loss, _ = label_smoothed_nll(logits, trg_out, 0.1, 0, reuse_logits=True)  # as training does
             loss.backward()
             optimizer.step()
 
@@ -322,7 +342,9 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
         kernels = [request.attention]
         if request.attention == "auto":
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
-        grid = race({f"{p}/{a}": step_with(p, a) for p in precisions for a in kernels}, device)
+        usage: list[tuple[float, float]] = []
+        grid = race({f"{p}/{a}": step_with(p, a) for p in precisions for a in kernels}, device, usage=usage)
+        use = cpu_use(usage, torch.get_num_threads()) if device.type == "cpu" else None
         timings["precision/attention"] = grid
         precision, attention = decide(grid, precisions, kernels)
         threads: int | None = None
@@ -343,7 +365,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
                 threads = int(request.threads)
     finally:
         torch.set_num_threads(threads_before)
-    return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)))
+    return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)), use)
 
 
 # ---------------------------------------------------------------------------- the entry point
@@ -387,6 +409,12 @@ def choose(
     choice = measure(request, shape, device, world_threads)
     entry = {**choice.to_dict(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     entry["seconds"] = round(time.perf_counter() - start, 2)
+    if choice.cpu_use is not None and choice.cpu_use < BUSY_CPU_USE:
+        log(
+            f"auto: other jobs shared the cores while measuring ({choice.cpu_use:.0%} of the CPU time "
+            f"{torch.get_num_threads()} threads would have had alone): used for this run only, not cached"
+        )
+        return choice
     entries[key] = entry
     if not write_cache(path, entries):
         log(f"auto: could not write the cache {path}; the next run measures again")

@@ -40,10 +40,15 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
 
     Autograd through log_softmax, gather and sum would keep an (N, V) fp32 tensor and build
     three more in the backward pass; this keeps only the logits and N log-sum-exps.
+
+    With ``reuse_logits`` the gradient is written over the saved logits (as Megatron-LM's
+    vocabulary-parallel cross-entropy does), block by block while each block is in cache: no second
+    (N, V) tensor is allocated and streamed through memory. The graph can then be backpropagated
+    once only, and the caller must not read the logits after ``backward``.
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float):
+    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float, reuse_logits: bool):
         n_rows, vocab = logits.shape
         lse = logits.new_empty(n_rows, dtype=torch.float32)  # log sum_k exp(z_k)
         row_sum = logits.new_empty(n_rows, dtype=torch.float32)  # sum_k z_k
@@ -56,7 +61,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         loss = ((1.0 - smoothing) * nll + (smoothing / vocab) * uniform) * keep
         nll = nll * keep
         ctx.save_for_backward(logits, target, keep, lse)
-        ctx.smoothing = smoothing
+        ctx.smoothing, ctx.reuse_logits = smoothing, reuse_logits
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
@@ -65,7 +70,7 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         logits, target, keep, lse = ctx.saved_tensors
         eps, vocab = ctx.smoothing, logits.shape[-1]
         weight = grad_loss * keep  # (N,)
-        grad = torch.empty_like(logits)
+        grad = logits if ctx.reuse_logits else torch.empty_like(logits)
         in_place = grad.dtype == torch.float32  # then p goes straight into the gradient: no temporary, no copy
         for i, j in _row_chunks(logits.shape[0], vocab, logits.device.type):
             z = logits[i:j]
@@ -75,20 +80,22 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
             g.mul_(weight[i:j, None])
             if not in_place:
                 grad[i:j] = g
-        return grad, None, None, None
+        return grad, None, None, None, None
 
 
 def label_smoothed_nll(
-    logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int
+    logits: torch.Tensor, target: torch.Tensor, smoothing: float, pad_id: int, reuse_logits: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """logits (B, T, V) in any float dtype, target (B, T) -> (loss_sum, nll_sum), fp32 scalars.
 
     Both sums run over the tokens with target != pad_id; ``nll_sum`` is the plain negative
     log-likelihood (for perplexity), ``loss_sum`` the label-smoothed loss H(q, p) above.
-    log_softmax is computed in fp32 even when the logits are bf16/fp16.
+    log_softmax is computed in fp32 even when the logits are bf16/fp16. ``reuse_logits``: the
+    backward pass overwrites ``logits`` with their gradient (training, where nothing reads them
+    again; see ``_SmoothedCrossEntropy``).
     """
     V = logits.shape[-1]
     target = target.reshape(-1)
     keep = (target != pad_id).float()  # (N,)
-    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target, keep, smoothing)
+    loss, nll = _SmoothedCrossEntropy.apply(logits.reshape(-1, V), target, keep, smoothing, reuse_logits)
     return loss.sum(), nll.sum()

@@ -70,7 +70,7 @@ def main() -> int:
         seen.update(shapes)
         vol, invol = _switches()
         cpu, wall = time.process_time(), time.perf_counter()
-        trainer._update(group)
+        trainer.train_step(group)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         vol2, invol2 = _switches()
         walls.append(wall)

@@ -282,3 +282,28 @@ def test_bf16_asked_for_where_it_cannot_run_is_a_one_line_error(tmp_path):
     assert done.stderr.strip().count("\n") == 0
     assert "train.precision': bf16 is not available on this CPU" in done.stderr
     assert not (tmp_path / "run").exists()  # refused before any work
+
+
+@pytest.mark.parametrize("use, cached", [(0.5, False), (0.95, True), (None, True)])
+def test_a_measurement_on_shared_cores_is_used_but_not_cached(tmp_path, monkeypatch, use, cached):
+    """Taken beside another job, 1 thread can beat 2; cached, that would slow every later run."""
+    calls = []
+
+    def fake(request, shape, device, world_threads=None):
+        calls.append(request)
+        return autotune.Choice("fp32", "sdpa", 1, {"threads": {"2": 90.0, "1": 60.0}}, "measured", "x", use)
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    messages = []
+    first = _choose(tmp_path, log=messages.append)
+    assert first.threads == 1  # this run goes with what it measured
+    second = _choose(tmp_path)
+    assert len(calls) == (1 if cached else 2)
+    assert second.source == ("cached" if cached else "measured")
+    assert any("not cached" in m for m in messages) != cached
+
+
+def test_cpu_use_is_cpu_time_over_wall_time_and_threads():
+    assert autotune.cpu_use([(1.0, 2.0), (1.0, 1.8)], threads=2) == pytest.approx(0.95)
+    assert autotune.cpu_use([(2.0, 2.4)], threads=2) == pytest.approx(0.6)
+    assert autotune.cpu_use([], threads=2) == 1.0

@@ -30,3 +30,21 @@ def test_bench_reports_training_decoding_and_peak(tmp_path, model_type):
     assert not (tmp_path / "run-bench" / "checkpoints").exists() or not any(
         (tmp_path / "run-bench" / "checkpoints").glob("*.pt")
     )
+
+
+def test_update_times_script_prints_one_row_per_update(tmp_path):
+    """scripts/rnn_update_times.py (issue 15's evidence) goes through the trainer's public API, so it cannot rot."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parent.parent / "scripts" / "rnn_update_times.py"
+    config = tiny_config(tmp_path, "rnn")
+    result = subprocess.run(
+        [sys.executable, str(script), "--config", str(config), "--updates", "4"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    rows = [line.split() for line in result.stdout.splitlines() if line and not line.startswith(("#", "update"))]
+    assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
+    assert all(float(r[3]) > 0 for r in rows)  # wall ms
+    assert "max/median" in result.stdout.splitlines()[-1]

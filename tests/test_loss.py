@@ -99,3 +99,26 @@ def test_closed_form_gradient_equals_autograd_of_the_formula(dtype):
     (0.7 * (per_token * (target != PAD)).sum()).backward()
     assert torch.allclose(closed_form, logits.grad.float(), atol=1e-6 if dtype == torch.float32 else 1e-2)
     assert closed_form[0, 3:].abs().max() == 0  # padding gets no gradient
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_reused_logits_give_the_same_gradients_and_hold_them(dtype):
+    """``reuse_logits`` (training) writes the gradient over the logits: the same gradients reach the
+    layer below as without it, and the logits' storage then holds exactly that gradient."""
+    torch.manual_seed(1)
+    h = torch.randn(4, 6, 8)
+    target = torch.randint(1, 37, (4, 6))
+    target[1, 4:] = PAD
+    grads = []
+    for reuse in (False, True):
+        w = torch.randn(37, 8, generator=torch.Generator().manual_seed(2)).requires_grad_()
+        logits = F.linear(h.to(dtype), w.to(dtype))  # as the model's tied output projection
+        loss, _ = label_smoothed_nll(logits, target, 0.1, PAD, reuse_logits=reuse)
+        seen = []
+        logits.register_hook(seen.append)
+        (loss / 20).backward()
+        grads.append(w.grad)
+        if reuse:
+            assert seen[0].data_ptr() == logits.data_ptr()  # no second (N, V) tensor
+            assert torch.equal(logits.detach(), seen[0])
+    assert torch.equal(grads[0], grads[1])
