@@ -48,7 +48,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float, reuse_logits: bool):
+    def forward(
+        ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float, reuse_logits: bool
+    ):
         n_rows, vocab = logits.shape
         lse = logits.new_empty(n_rows, dtype=torch.float32)  # log sum_k exp(z_k)
         row_sum = logits.new_empty(n_rows, dtype=torch.float32)  # sum_k z_k

@@ -240,7 +240,8 @@ class Trainer:
             with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
                 with self.precision.autocast():
                     logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
-                loss, nll = label_smoothed_nll(logits, batch.trg_out, cfg.label_smoothing, tok.pad_id, reuse_logits=True)
+                smoothing = cfg.label_smoothing
+                loss, nll = label_smoothed_nll(logits, batch.trg_out, smoothing, tok.pad_id, reuse_logits=True)
                 self.scaler.scale(loss * loss_scale / n_tokens).backward()
             sums += torch.stack([loss.detach(), nll]) * weight
         self.scaler.unscale_(self.optimizer)
