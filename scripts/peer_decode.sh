@@ -12,29 +12,14 @@
 set -euo pipefail
 updates=${1:-500}
 root=$(cd "$(dirname "$0")/.." && pwd)
-V=${FAIRSEQ_VENV:-$HOME/.cache/nmt-peers/fairseq-venv}
-W=${WORK:-$HOME/.cache/nmt-peers/work}
+source "$root/scripts/fairseq_peer.sh"
+require_peer peer_decode
 NMT=${NMT:-$root/.venv/bin/nmt}
-data=$root/data/multi30k
 run=$root/runs/peer_decode_nmt
-if [ ! -x "$V/bin/fairseq-train" ] || [ ! -f "$W/bin/dict.en.txt" ]; then
-  echo "peer_decode: no fairseq build in $V or data in $W/bin; run ../shared/peers/fairseq_speed.sh first" >&2
-  exit 2
-fi
-if [ ! -f "$data/test_2016_flickr.de" ]; then
-  echo "peer_decode: $data/test_2016_flickr.de is missing; run make multi30k-data first" >&2
-  exit 2
-fi
 cd "$W"
 if [ ! -f "ckpt_decode/checkpoint_last.pt" ]; then
-  "$V/bin/fairseq-train" bin --arch transformer \
-    --encoder-embed-dim 256 --encoder-ffn-embed-dim 1024 --encoder-layers 3 --encoder-attention-heads 4 \
-    --decoder-embed-dim 256 --decoder-ffn-embed-dim 1024 --decoder-layers 3 --decoder-attention-heads 4 \
-    --encoder-normalize-before --decoder-normalize-before --share-all-embeddings --dropout 0.1 \
-    --optimizer adam --adam-betas '(0.9,0.98)' --lr 1e-3 --lr-scheduler inverse_sqrt --warmup-updates 300 \
-    --criterion label_smoothed_cross_entropy --label-smoothing 0.1 --max-tokens 4096 --clip-norm 1.0 --cpu \
-    --log-interval 50 --log-format simple --max-update "$updates" --save-dir ckpt_decode \
-    --no-epoch-checkpoints --disable-validation --seed 1 >train_decode.log 2>&1
+  "$V/bin/fairseq-train" bin "${FAIRSEQ_RECIPE[@]}" --max-update "$updates" --save-dir ckpt_decode \
+    --no-epoch-checkpoints --disable-validation >train_decode.log 2>&1
 fi
 if [ ! -f "$run/checkpoints/index.json" ]; then
   rm -rf "$run"
@@ -55,5 +40,5 @@ for attempt in 1 2; do
   echo "nmt translate,    beam 5, whole command: $(since "$start") s (run $attempt)"
 done
 grep -o 'Translated .*' generate.err || true
-grep '^D-' generate.out | sed 's/^D-//' | sort -n | cut -f3 >fairseq.hyp
+fairseq_hypotheses generate.out >fairseq.hyp
 echo "fairseq: $("$V/bin/sacrebleu" "$data/test_2016_flickr.en" -i fairseq.hyp -m bleu -b)  nmt: $("$V/bin/sacrebleu" "$data/test_2016_flickr.en" -i nmt.hyp -m bleu -b)  (test_2016_flickr BLEU after $updates updates)"
