@@ -407,14 +407,14 @@ def choose(
     start = time.perf_counter()
     log(f"auto: measuring precision/attention/threads on {machine_name(info)} ...")
     choice = measure(request, shape, device, world_threads)
-    entry = {**choice.to_dict(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
-    entry["seconds"] = round(time.perf_counter() - start, 2)
     if choice.cpu_use is not None and choice.cpu_use < BUSY_CPU_USE:
         log(
             f"auto: other jobs shared the cores while measuring ({choice.cpu_use:.0%} of the CPU time "
-            f"{torch.get_num_threads()} threads would have had alone): used for this run only, not cached"
+            "its threads would have had alone): used for this run only, not cached"
         )
         return choice
+    entry = {**choice.to_dict(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
+    entry["seconds"] = round(time.perf_counter() - start, 2)
     entries[key] = entry
     if not write_cache(path, entries):
         log(f"auto: could not write the cache {path}; the next run measures again")

@@ -49,6 +49,15 @@ def dev_bleu(translator, cfg: Config, dev_src: list[str], dev_trg: list[str]) ->
     return bleu_only(hyps, dev_trg[:n]), hyps
 
 
+def dev_scorer(translator, cfg: Config, dev_src: list[str], dev_trg: list[str]) -> Callable[[Seq2Seq], float]:
+    """A model's dev BLEU as validation measures it, decoded with ``translator``'s settings."""
+
+    def score(model: Seq2Seq) -> float:
+        return dev_bleu(replace(translator, model=model), cfg, dev_src, dev_trg)[0]
+
+    return score
+
+
 def average_last(
     run: RunDir,
     cfg: Config,
@@ -70,7 +79,7 @@ def average_last(
         )
     updates = [info.update for info in reversed(found)]  # oldest first
     manager = run.checkpoints(cfg)
-    best = max((b["score"] for b in manager.read_index().get("best", [])), default=float("-inf"))
+    best = manager.best_score()
     done = manager.read_index().get("average") or {}
     if done.get("updates") == updates and manager.average_path() is not None:
         log(f"the average of updates {', '.join(map(str, updates))} exists already (dev BLEU {done['score']:.2f})")
@@ -104,10 +113,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     try:
         translator = load_translator(run, device, None, log, which="last")
         dev_src, dev_trg, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
-
-        def score(model: Seq2Seq) -> float:
-            return dev_bleu(replace(translator, model=model), cfg, dev_src, dev_trg)[0]
-
+        score = dev_scorer(translator, cfg, dev_src, dev_trg)
         return average_last(run, cfg, last, translator.model, score, log)
     finally:
         run.close()

@@ -173,6 +173,10 @@ class CheckpointManager:
         found = list_checkpoints(self.directory, "best")
         return found[0].path if found else None
 
+    def best_score(self) -> float:
+        """The best single checkpoint's dev score (-inf before the first validation)."""
+        return max((b["score"] for b in self.read_index().get("best", [])), default=float("-inf"))
+
     def average_path(self) -> tuple[Path, float] | None:
         """The averaged model and its dev score, if the run has one."""
         entry = self.read_index().get("average")
@@ -184,8 +188,7 @@ class CheckpointManager:
         """What translation uses by default: the averaged model where its dev score beats the best
         single checkpoint's, else the best single one."""
         best, average = self.best_path(), self.average_path()
-        best_score = max((b["score"] for b in self.read_index().get("best", [])), default=float("-inf"))
-        if average is not None and (best is None or average[1] > best_score):
+        if average is not None and (best is None or average[1] > self.best_score()):
             return average[0]
         return best
 

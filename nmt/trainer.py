@@ -14,13 +14,13 @@ import math
 import random
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, fields
 
 import numpy as np
 import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
-from nmt.average import average_last, dev_bleu
+from nmt.average import average_last, dev_bleu, dev_scorer
 from nmt.batching import BatchPlan, derived_seed, make_batch, token_batches
 from nmt.config import Config
 from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
@@ -337,11 +337,7 @@ class Trainer:
         becomes the model translation uses where its dev BLEU beats the best single one (rank 0)."""
         if not self.world.is_main:
             return
-        data = self.data
-
-        def score(model) -> float:
-            return dev_bleu(replace(self.translator, model=model), self.cfg, data.dev_src, data.dev_trg)[0]
-
+        score = dev_scorer(self.translator, self.cfg, self.data.dev_src, self.data.dev_trg)
         scores = average_last(self.run, self.cfg, self.cfg.train.average_last, self.model, score, self.log)
         if scores is not None:
             record = {"type": "average", "update": self.progress.update, "dev_bleu": scores[0], "best_bleu": scores[1]}
