@@ -46,7 +46,7 @@ class TrainConfig:
     lr_min: float = 0.0
     warmup_updates: int = 1000
     schedule: Literal["inverse_sqrt", "cosine", "linear", "constant"] = "inverse_sqrt"
-    decay_updates: int | None = None  # length of cosine/linear decay; default max_updates
+    decay_updates: int | None = None  # length of cosine/linear decay; default max_updates, else max_minutes
     betas: tuple[float, float] = (0.9, 0.98)
     adam_eps: float = 1e-8
     weight_decay: float = 0.0
@@ -214,8 +214,10 @@ def _check_consistency(cfg: Config) -> None:
             f"config key 'train.average_last': {t.average_last} needs train.keep_last >= {t.average_last} "
             f"(it is {t.keep_last}): the run must keep the checkpoints it averages"
         )
-    if t.schedule in ("cosine", "linear") and t.decay_updates is None and t.max_updates is None:
-        raise NMTError(f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates or max_updates")
+    if t.schedule in ("cosine", "linear") and t.decay_updates is None and t.max_updates is None and not t.max_minutes:
+        raise NMTError(
+            f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates, max_updates or max_minutes"
+        )
     if not cfg.data.train.path:
         raise NMTError("config key 'data.train': no training corpus given")
     if not cfg.data.dev.path:

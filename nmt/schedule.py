@@ -1,7 +1,7 @@
 """Learning-rate schedules: linear warmup to ``lr_peak``, then a decay.
 
-All are pure functions of the update number, so a resumed run recomputes the
-exact rate from the step it restored.
+All are pure functions of the update number (and, for a decay over a wall-clock budget, of the
+run's elapsed time, which checkpoints keep), so a resumed run recomputes the rate it stopped at.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import math
 from nmt.config import TrainConfig
 
 
-def learning_rate(update: int, cfg: TrainConfig) -> float:
+def learning_rate(update: int, cfg: TrainConfig, elapsed_seconds: float = 0.0) -> float:
     """Rate for update number ``update`` (1-based: the first optimizer step uses ``update=1``).
 
     warmup:        lr = lr_peak * update / warmup                     (update <= warmup)
@@ -21,8 +21,16 @@ def learning_rate(update: int, cfg: TrainConfig) -> float:
     constant:      lr = lr_peak
     with p = (update - warmup) / (decay_updates - warmup), clipped to [0, 1]. The inverse-sqrt
     decay never falls below ``lr_min``.
+
+    A cosine or linear decay with no update count to reach (neither decay_updates nor max_updates)
+    runs over the wall-clock budget instead: p = elapsed_seconds / (60 * max_minutes), and the
+    warmup ramp caps the rate. A run then ends at ``lr_min`` whatever speed the machine trains at.
     """
     warmup = cfg.warmup_updates
+    if cfg.schedule in ("cosine", "linear") and cfg.decay_updates is None and cfg.max_updates is None:
+        assert cfg.max_minutes is not None, "config check guarantees a budget to decay over"
+        ramp = cfg.lr_peak * update / warmup if warmup > 0 else cfg.lr_peak
+        return min(ramp, _decay(cfg, min(1.0, elapsed_seconds / (60.0 * cfg.max_minutes))))
     if warmup > 0 and update <= warmup:
         return cfg.lr_peak * update / warmup
     if cfg.schedule == "constant":
@@ -31,7 +39,11 @@ def learning_rate(update: int, cfg: TrainConfig) -> float:
         return max(cfg.lr_min, cfg.lr_peak * math.sqrt(max(warmup, 1) / update))
     total = cfg.decay_updates or cfg.max_updates
     assert total is not None, "config check guarantees decay_updates or max_updates"
-    progress = min(1.0, max(0.0, (update - warmup) / max(1, total - warmup)))
+    return _decay(cfg, min(1.0, max(0.0, (update - warmup) / max(1, total - warmup))))
+
+
+def _decay(cfg: TrainConfig, progress: float) -> float:
+    """Cosine or linear from lr_peak (progress 0) to lr_min (progress 1)."""
     if cfg.schedule == "cosine":
         return cfg.lr_min + (cfg.lr_peak - cfg.lr_min) * (1.0 + math.cos(math.pi * progress)) / 2.0
     return cfg.lr_peak + (cfg.lr_min - cfg.lr_peak) * progress

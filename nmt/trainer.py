@@ -228,7 +228,7 @@ class Trainer:
         n_tokens = sum(int(data.trg_lens[rows].sum(dtype=np.int64)) + len(rows) for rows in group)
         # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
         loss_scale = world.world_size * weight
-        lr = learning_rate(p.update + 1, cfg)
+        lr = learning_rate(p.update + 1, cfg, p.elapsed_seconds)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)

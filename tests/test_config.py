@@ -101,6 +101,9 @@ def test_consistency_checks():
         config_from_dict({"data": MINIMAL["data"]})
     with pytest.raises(NMTError, match="tokenizer.joint"):
         config_from_dict({**MINIMAL, "tokenizer": {"joint": False}})
+    with pytest.raises(NMTError, match="schedule 'cosine' needs decay_updates, max_updates or max_minutes"):
+        config_from_dict({"data": MINIMAL["data"], "train": {"max_epochs": 3, "schedule": "cosine"}})
+    config_from_dict({"data": MINIMAL["data"], "train": {"max_minutes": 3, "schedule": "cosine"}})  # decays over time
 
 
 def test_yaml_syntax_error_names_file_and_line(tmp_path):

@@ -40,3 +40,18 @@ def test_linear_with_decay_updates():
 def test_constant_after_warmup():
     cfg = TrainConfig(lr_peak=0.5, warmup_updates=4, schedule="constant", max_updates=100)
     assert [learning_rate(u, cfg) for u in (1, 2, 4, 50)] == pytest.approx([0.125, 0.25, 0.5, 0.5])
+
+
+def test_decay_over_a_wall_clock_budget():
+    # No update count to decay over: progress is the share of max_minutes spent, capped by the ramp.
+    cfg = TrainConfig(lr_peak=1.0, lr_min=0.2, warmup_updates=10, schedule="linear", max_minutes=10)
+    assert learning_rate(5, cfg, elapsed_seconds=1.0) == pytest.approx(0.5)  # ramp 0.5 < decay 0.9987
+    assert learning_rate(20, cfg, elapsed_seconds=150.0) == pytest.approx(1.0 - 0.8 * 0.25)
+    assert learning_rate(20, cfg, elapsed_seconds=600.0) == pytest.approx(0.2)
+    assert learning_rate(20, cfg, elapsed_seconds=900.0) == pytest.approx(0.2)  # past the budget: lr_min
+    cosine = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="cosine", max_minutes=2)
+    assert learning_rate(7, cosine, elapsed_seconds=60.0) == pytest.approx(0.5)
+    # The update count still decides where one is given.
+    by_updates = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="linear", max_updates=100, max_minutes=2)
+    assert learning_rate(50, by_updates, elapsed_seconds=119.0) == pytest.approx(0.5)
+
