@@ -54,4 +54,3 @@ def test_decay_over_a_wall_clock_budget():
     # The update count still decides where one is given.
     by_updates = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="linear", max_updates=100, max_minutes=2)
     assert learning_rate(50, by_updates, elapsed_seconds=119.0) == pytest.approx(0.5)
-
