@@ -246,6 +246,9 @@ def test_sigint_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path):
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        # A job started in the background (`make test &`) inherits SIGINT ignored, and Python then
+        # rightly keeps ignoring it: give the child the disposition of a terminal's foreground job.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     proc.stdin.write("".join(s + "\n" for s, _ in PAIRS[:3]).encode())
     proc.stdin.flush()  # and keep stdin open: the command waits for more
