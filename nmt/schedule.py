@@ -27,12 +27,12 @@ def learning_rate(update: int, cfg: TrainConfig, elapsed_seconds: float = 0.0) -
     warmup ramp caps the rate. A run then ends at ``lr_min`` whatever speed the machine trains at.
     """
     warmup = cfg.warmup_updates
+    ramp = cfg.lr_peak * update / warmup if warmup > 0 else math.inf
     if cfg.schedule in ("cosine", "linear") and cfg.decay_updates is None and cfg.max_updates is None:
         assert cfg.max_minutes is not None, "config check guarantees a budget to decay over"
-        ramp = cfg.lr_peak * update / warmup if warmup > 0 else cfg.lr_peak
         return min(ramp, _decay(cfg, min(1.0, elapsed_seconds / (60.0 * cfg.max_minutes))))
-    if warmup > 0 and update <= warmup:
-        return cfg.lr_peak * update / warmup
+    if update <= warmup:
+        return ramp
     if cfg.schedule == "constant":
         return cfg.lr_peak
     if cfg.schedule == "inverse_sqrt":
