@@ -31,7 +31,7 @@ def learning_rate(update: int, cfg: TrainConfig, elapsed_seconds: float = 0.0) -
     if cfg.schedule in ("cosine", "linear") and cfg.decay_updates is None and cfg.max_updates is None:
         assert cfg.max_minutes is not None, "config check guarantees a budget to decay over"
         return min(ramp, _decay(cfg, min(1.0, elapsed_seconds / (60.0 * cfg.max_minutes))))
-    if update <= warmup:
+    if warmup > 0 and update <= warmup:
         return ramp
     if cfg.schedule == "constant":
         return cfg.lr_peak
