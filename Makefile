@@ -44,19 +44,20 @@ lint: install
 multi30k-data: install
 	$(BIN)/python scripts/get_multi30k.py --out data/multi30k
 
-# Train, choose beam size and length penalty on dev (written into the run's config), then translate
-# the test set once with what dev chose.
+# $(call train_tune_test,NAME): train configs/NAME.yaml into runs/NAME, choose beam size and length
+# penalty on dev (written into the run's config), then translate the test set once with what dev chose.
+define train_tune_test
+	$(BIN)/nmt train --config configs/$(1).yaml
+	$(BIN)/nmt tune-decode --model runs/$(1)
+	$(BIN)/nmt eval-bleu --model runs/$(1) --src data/multi30k/test_2016_flickr.de \
+		--ref data/multi30k/test_2016_flickr.en --output runs/$(1)/test.hyp
+endef
+
 multi30k: multi30k-data
-	$(BIN)/nmt train --config configs/multi30k_transformer.yaml
-	$(BIN)/nmt tune-decode --model runs/multi30k_transformer
-	$(BIN)/nmt eval-bleu --model runs/multi30k_transformer --src data/multi30k/test_2016_flickr.de \
-		--ref data/multi30k/test_2016_flickr.en --output runs/multi30k_transformer/test.hyp
+	$(call train_tune_test,multi30k_transformer)
 
 multi30k-best: multi30k-data
-	$(BIN)/nmt train --config configs/multi30k_best.yaml
-	$(BIN)/nmt tune-decode --model runs/multi30k_best
-	$(BIN)/nmt eval-bleu --model runs/multi30k_best --src data/multi30k/test_2016_flickr.de \
-		--ref data/multi30k/test_2016_flickr.en --output runs/multi30k_best/test.hyp
+	$(call train_tune_test,multi30k_best)
 
 multi30k-rnn: multi30k-data
 	$(BIN)/nmt train --config configs/multi30k_rnn.yaml
