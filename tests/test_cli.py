@@ -235,8 +235,18 @@ def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
     assert len(rows) == 3  # header + two runs
     assert "| transformer |" in rows[1] and "| rnn |" in rows[2]
     cells = [c.strip() for c in rows[1].split("|")]
-    assert cells[7] == "100.00" and cells[8] == "100.00"  # the overfit transformer: best dev and test BLEU
-    assert float(cells[10]) > 0 and float(cells[11]) > 0  # greedy and beam-5 sentences/s
+    assert cells[7] == "100.00" and cells[9] == "100.00"  # the overfit transformer: best dev and test BLEU
+    assert float(cells[11]) > 0 and float(cells[12]) > 0  # greedy and beam-5 sentences/s
+    # Test is scored with each run's own decoding settings (the tiny config's beam 3), not beam 5:
+    # the barely trained LSTM's score is the one eval-bleu gives with its config.
+    rnn_cells = [c.strip() for c in rows[2].split("|")]
+    assert cells[8] == rnn_cells[8] == "beam 3, lp 1"
+    src, ref = tmp_path / "rnn" / "data" / "train.de", tmp_path / "rnn" / "data" / "train.en"
+    code, out_json, err = run_cli(
+        ["eval-bleu", "--model", rnn_dir / "run", "--src", src, "--ref", ref, "--json"], capsys
+    )
+    assert code == 0, err
+    assert rnn_cells[9] == f"{json.loads(out_json)['bleu']:.2f}"
     assert (out / "compare.png").stat().st_size > 1000
     assert rows[1] in stdout and rows[2] in stdout
 
