@@ -44,7 +44,9 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
     With ``reuse_logits`` the gradient is written over the saved logits (as Megatron-LM's
     vocabulary-parallel cross-entropy does), block by block while each block is in cache: no second
     (N, V) tensor is allocated and streamed through memory. The graph can then be backpropagated
-    once only, and the caller must not read the logits after ``backward``.
+    once only, and the caller must not read the logits after the loss. fp32 logits then already
+    hold exp(z - max) after the forward pass, which computed it for the log-sum-exp anyway: the
+    backward pass scales it into p - q in one pass instead of computing the exponentials again.
     """
 
     @staticmethod
@@ -52,26 +54,41 @@ class _SmoothedCrossEntropy(torch.autograd.Function):
         ctx, logits: torch.Tensor, target: torch.Tensor, keep: torch.Tensor, smoothing: float, reuse_logits: bool
     ):
         n_rows, vocab = logits.shape
+        exp_in_place = reuse_logits and logits.dtype == torch.float32
         lse = logits.new_empty(n_rows, dtype=torch.float32)  # log sum_k exp(z_k)
         row_sum = logits.new_empty(n_rows, dtype=torch.float32)  # sum_k z_k
+        picked = logits.gather(-1, target[:, None]).squeeze(-1).float()  # z_y, before the logits are overwritten
+        exp_sum = logits.new_empty(n_rows, dtype=torch.float32) if exp_in_place else None  # sum_k exp(z_k - max)
         for i, j in _row_chunks(n_rows, vocab, logits.device.type):
             z = logits[i:j].float()  # (rows, V)
-            torch.logsumexp(z, dim=-1, out=lse[i:j])
             torch.sum(z, dim=-1, out=row_sum[i:j])
-        nll = lse - logits.gather(-1, target[:, None]).squeeze(-1).float()  # -log p(y)
+            if exp_in_place:  # z is the logits' own block: keep exp(z - max) in it for the backward pass
+                top = z.amax(dim=-1, keepdim=True)
+                torch.sum(z.sub_(top).exp_(), dim=-1, out=exp_sum[i:j])
+                torch.add(top.squeeze(-1), exp_sum[i:j].log(), out=lse[i:j])
+            else:
+                torch.logsumexp(z, dim=-1, out=lse[i:j])
+        nll = lse - picked  # -log p(y)
         uniform = vocab * lse - row_sum  # -sum_k log p(k)
         loss = ((1.0 - smoothing) * nll + (smoothing / vocab) * uniform) * keep
         nll = nll * keep
-        ctx.save_for_backward(logits, target, keep, lse)
-        ctx.smoothing, ctx.reuse_logits = smoothing, reuse_logits
+        ctx.save_for_backward(logits, target, keep, exp_sum if exp_in_place else lse)
+        ctx.smoothing, ctx.reuse_logits, ctx.exp_in_place = smoothing, reuse_logits, exp_in_place
         ctx.mark_non_differentiable(nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: torch.Tensor, grad_nll: torch.Tensor):
-        logits, target, keep, lse = ctx.saved_tensors
+        logits, target, keep, norm = ctx.saved_tensors
         eps, vocab = ctx.smoothing, logits.shape[-1]
         weight = grad_loss * keep  # (N,)
+        if ctx.exp_in_place:  # logits hold e = exp(z - max), norm = sum e: p - eps/V = e / norm - eps/V
+            scale, shift = (weight / norm)[:, None], (weight * (eps / vocab))[:, None]
+            for i, j in _row_chunks(logits.shape[0], vocab, logits.device.type):
+                g = logits[i:j].mul_(scale[i:j]).sub_(shift[i:j])  # w (p - eps/V); 2.5x faster than one addcmul
+                g.scatter_add_(-1, target[i:j, None], weight[i:j, None] * -(1.0 - eps))
+            return logits, None, None, None, None
+        lse = norm
         grad = logits if ctx.reuse_logits else torch.empty_like(logits)
         in_place = grad.dtype == torch.float32  # then p goes straight into the gradient: no temporary, no copy
         for i, j in _row_chunks(logits.shape[0], vocab, logits.device.type):

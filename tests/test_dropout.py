@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nmt.models.dropout import Dropout, byte_dropout
+from nmt.models.dropout import Dropout, add_dropout, byte_dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -42,3 +42,35 @@ def test_gradient_is_the_mask():
 def test_bf16_keeps_dtype():
     x = torch.randn(10, 10, dtype=torch.bfloat16)
     assert byte_dropout(x, 0.1).dtype == torch.bfloat16
+
+
+def test_add_dropout_is_the_sum_with_the_same_mask():
+    """The residual form draws byte_dropout's mask from the same stream: x + dropout(h), with the
+    gradient of x passed on as it is and that of h masked and scaled."""
+    x = torch.randn(40, 30, requires_grad=True)
+    h = torch.randn(40, 30, requires_grad=True)
+    torch.manual_seed(3)
+    y = add_dropout(x, h, 0.2)
+    torch.manual_seed(3)
+    reference = x + byte_dropout(h, 0.2)
+    assert torch.allclose(y, reference, atol=1e-6)
+    g = torch.randn_like(y)
+    gx, gh = torch.autograd.grad(y, (x, h), g)
+    rx, rh = torch.autograd.grad(reference, (x, h), g)
+    assert torch.equal(gx, g) and torch.equal(gx, rx)
+    assert torch.allclose(gh, rh)
+    assert ((gh == 0) == (reference.detach() == x.detach())).all()  # dropped exactly where h was
+
+
+def test_add_dropout_of_a_bf16_sublayer_keeps_the_dtypes():
+    x = torch.randn(8, 16, requires_grad=True)  # the fp32 residual stream under autocast
+    h = torch.randn(8, 16, dtype=torch.bfloat16, requires_grad=True)
+    y = add_dropout(x, h, 0.1)
+    assert y.dtype == torch.float32
+    gx, gh = torch.autograd.grad(y.sum(), (x, h))
+    assert gx.dtype == torch.float32 and gh.dtype == torch.bfloat16
+
+
+def test_add_dropout_without_dropout_is_the_sum():
+    x, h = torch.randn(4, 4), torch.randn(4, 4)
+    assert torch.equal(add_dropout(x, h, 0.0), x + h)

@@ -5,8 +5,9 @@ import torch
 import torch.nn.functional as F
 
 from nmt.models import build_model
-from nmt.models.multihead import subsequent_mask
-from nmt.models.transformer import Transformer, TransformerConfig
+from nmt.models.linear import Linear
+from nmt.models.multihead import split_heads, subsequent_mask
+from nmt.models.transformer import FeedForward, Transformer, TransformerConfig
 
 PAD, BOS, EOS, V = 0, 1, 2, 23
 
@@ -237,3 +238,67 @@ def test_flops_per_token_equals_an_independent_count():
     counted_per_token = counter.get_total_flops() / (B * T)
     causal_square = 6 * cfg.decoder_layers * T * cfg.d_model
     assert model.flops_per_token(S, T) + causal_square == pytest.approx(counted_per_token, rel=1e-9)
+
+
+# -- the fast CPU forms of the layers compute what the plain formulas do, values and gradients
+
+
+def _grads(output: torch.Tensor, grad: torch.Tensor, inputs) -> list[torch.Tensor]:
+    return list(torch.autograd.grad(output, inputs, grad))
+
+
+@pytest.mark.parametrize("shape", [(6, 32), (3, 5, 32)])
+def test_linear_equals_the_affine_map(shape):
+    torch.manual_seed(0)
+    layer = Linear(32, 48)
+    x = torch.randn(*shape, requires_grad=True)
+    y = layer(x)
+    reference = F.linear(x, layer.weight, layer.bias)
+    assert y.shape == reference.shape
+    assert torch.allclose(y, reference, atol=1e-6)
+    g = torch.randn_like(y)
+    inputs = (x, layer.weight, layer.bias)
+    for got, want in zip(_grads(y, g, inputs), _grads(reference, g, inputs)):
+        assert torch.allclose(got, want, atol=1e-5)
+    assert set(layer.state_dict()) == {"weight", "bias"}  # checkpoints and exports see an nn.Linear
+
+
+def test_linear_under_bf16_autocast_is_nn_linear():
+    layer = Linear(32, 48)
+    x = torch.randn(4, 32)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        y, reference = layer(x), F.linear(x, layer.weight, layer.bias)
+    assert y.dtype == torch.bfloat16 and torch.equal(y, reference)
+
+
+def test_split_heads_gradient_equals_autograd_of_the_views():
+    torch.manual_seed(0)
+    B, T, H, hd = 3, 5, 4, 8
+    x = torch.randn(B, T, 3 * H * hd, requires_grad=True)
+    q, k, v = split_heads(x, 3, H)
+    plain = x.view(B, T, 3, H, hd).permute(2, 0, 3, 1, 4).unbind(0)
+    for got, want in zip((q, k, v), plain):
+        assert torch.equal(got, want)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    reference = F.scaled_dot_product_attention(*plain, is_causal=True)
+    g = torch.randn_like(y)
+    assert torch.equal(_grads(y, g, [x])[0], _grads(reference, g, [x])[0])
+    # a part nothing depends on gets a zero gradient, the others theirs
+    q, k, v = split_heads(x, 3, H)
+    (grad,) = _grads(q * 2.0, torch.ones_like(q), [x])
+    parts = grad.view(B, T, 3, -1)
+    assert torch.equal(parts[:, :, 0], torch.full_like(parts[:, :, 0], 2.0))
+    assert parts[:, :, 1:].abs().max() == 0
+
+
+def test_feed_forward_equals_the_formula():
+    torch.manual_seed(0)
+    ff = FeedForward(16, 64)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    y = ff(x)
+    reference = F.linear(F.relu(F.linear(x, ff.up.weight, ff.up.bias)), ff.down.weight, ff.down.bias)
+    assert torch.allclose(y, reference, atol=1e-6)
+    g = torch.randn_like(y)
+    inputs = [x, ff.up.weight, ff.up.bias, ff.down.weight, ff.down.bias]
+    for got, want in zip(_grads(y, g, inputs), _grads(reference, g, inputs)):
+        assert torch.allclose(got, want, atol=1e-5)
