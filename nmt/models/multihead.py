@@ -38,6 +38,10 @@ def split_heads(x: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, 
     """(B, T, parts*D) -> ``parts`` views (B, H, T, D/H); no copy (SDPA accepts strided inputs)."""
     if torch.is_grad_enabled() and x.requires_grad:
         return _SplitHeads.apply(x, parts, heads)
+    return _head_views(x, parts, heads)
+
+
+def _head_views(x: torch.Tensor, parts: int, heads: int) -> tuple[torch.Tensor, ...]:
     B, T, _ = x.shape
     return x.view(B, T, parts, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
@@ -49,15 +53,15 @@ class _SplitHeads(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, parts: int, heads: int):
-        B, T, _ = x.shape
         ctx.parts = parts
         ctx.set_materialize_grads(False)  # a part without a gradient is zeroed in place, not handed over as zeros
-        return x.view(B, T, parts, heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+        return _head_views(x, parts, heads)
 
     @staticmethod
     def backward(ctx, *grads: torch.Tensor | None):
-        B, H, T, hd = next(g for g in grads if g is not None).shape
-        out = next(g for g in grads if g is not None).new_empty(B, T, ctx.parts, H, hd)
+        present = next(g for g in grads if g is not None)
+        B, H, T, hd = present.shape
+        out = present.new_empty(B, T, ctx.parts, H, hd)
         for i, g in enumerate(grads):
             part = out.select(2, i)  # (B, T, H, hd)
             part.zero_() if g is None else part.copy_(g.transpose(1, 2))
