@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from nmt.models import build_model
 from nmt.models.linear import Linear
-from nmt.models.multihead import split_heads, subsequent_mask
+from nmt.models.multihead import Packing, split_heads, subsequent_mask
 from nmt.models.transformer import FeedForward, Transformer, TransformerConfig
 
 PAD, BOS, EOS, V = 0, 1, 2, 23
@@ -83,8 +83,8 @@ def test_source_padding_changes_nothing(norm, kernel):
     padded = torch.cat([src, torch.full((3, 4), PAD)], dim=1)
     padded_mask = torch.cat([mask, torch.zeros(3, 4, dtype=torch.bool)], dim=1)
     mem, mem_p = model.encode(src, mask), model.encode(padded, padded_mask)
-    torch.testing.assert_close(mem_p.states[:, :5], mem.states, atol=1e-5, rtol=1e-5)
-    assert torch.isfinite(mem_p.states).all()  # padded rows attend to real keys: no NaN
+    torch.testing.assert_close(mem_p.padded()[:, :5], mem.padded(), atol=1e-5, rtol=1e-5)
+    assert torch.isfinite(mem_p.padded()).all()  # padded rows attend to real keys: no NaN
     torch.testing.assert_close(model(padded, padded_mask, trg), model(src, mask, trg), atol=1e-5, rtol=1e-5)
 
 
@@ -97,6 +97,38 @@ def test_mixed_lengths_in_one_batch_match_single_sentences():
     both = model(src, mask, trg)
     alone = model(src[:1, :3], mask[:1, :3], trg[:1])
     torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("norm", ["post", "pre"])
+def test_packed_encoder_gradients_equal_each_sentence_alone(norm):
+    """A padded batch (encoded on its real rows only, see Packing) gives the same parameter
+    gradients as its sentences run one by one without padding (and so without packing)."""
+    src, mask, trg = batch(B=3, S=7, T=6)
+    lengths = [3, 7, 5]
+    for b, n in enumerate(lengths):
+        mask[b, n:] = False
+        src[b, n:] = PAD
+        src[b, n - 1] = EOS
+    model = make(norm, dropout=0.0).train()
+    model(src, mask, trg).pow(2).sum().backward()
+    together = {k: p.grad.clone() for k, p in model.named_parameters()}
+    model.zero_grad()
+    for b, n in enumerate(lengths):
+        model(src[b : b + 1, :n], mask[b : b + 1, :n], trg[b : b + 1]).pow(2).sum().backward()
+    for k, p in model.named_parameters():
+        torch.testing.assert_close(together[k], p.grad, atol=1e-4, rtol=1e-4, msg=k)
+
+
+def test_packing_round_trip_and_unpack_gradient():
+    mask = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    packing = Packing(mask)
+    assert packing.rows.tolist() == [0, 1, 4, 5, 6, 7, 8]
+    x = torch.randn(7, 5, dtype=torch.float64, requires_grad=True)
+    padded = packing.unpack(x)
+    assert padded.shape == (3, 4, 5)
+    assert padded[~mask].eq(0).all() and torch.equal(padded[mask], x)
+    assert torch.equal(packing.pack(padded), x)
+    torch.autograd.gradcheck(packing.unpack, (x,))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -10,6 +10,10 @@ Incremental decoding keeps, per decoder layer, the cross-attention keys/values (
 per sentence by ``init_state``) and the self-attention keys/values of the prefix, grown by one
 position a step (a fresh buffer each step, measured faster on CPU than preallocating, since beam
 search must gather the rows anyway; see ``DecoderState`` and ``select_and_append``).
+
+On a CPU the encoder computes on the real source positions only, not on the padding of a batch
+(``Packing`` in multihead.py); its output then holds those rows, and ``EncoderOutput.padded``
+restores the (B, S, D) layout.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
 from nmt.models.dropout import Dropout, add_dropout
 from nmt.models.linear import Linear
-from nmt.models.multihead import KV, CrossAttention, SelfAttention, key_padding_mask
+from nmt.models.multihead import KV, CrossAttention, Packing, SelfAttention, key_padding_mask
 
 
 @dataclass
@@ -109,8 +113,13 @@ class Residual(nn.Module):
 
 @dataclass
 class EncoderOutput:
-    states: torch.Tensor  # (B, S, D)
+    states: torch.Tensor  # (B, S, D); with ``packing``, the real positions only (N, D)
     mask: torch.Tensor  # (B, 1, 1, S) bool key-padding mask, True at real tokens
+    packing: Packing | None = None
+
+    def padded(self) -> torch.Tensor:
+        """(B, S, D), zeros at padding when packed."""
+        return self.states if self.packing is None else self.packing.unpack(self.states)
 
 
 @dataclass
@@ -154,8 +163,9 @@ class EncoderLayer(nn.Module):
         self.res_attn = Residual(cfg.d_model, cfg.dropout, pre)
         self.res_ff = Residual(cfg.d_model, cfg.dropout, pre)
 
-    def forward(self, x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        x = self.res_attn.exit(x, self.attn(self.res_attn.enter(x), mask=mask))
+    def forward(self, x: torch.Tensor, mask: torch.Tensor, packing: Packing | None = None) -> torch.Tensor:
+        """x (B, S, D), or its real rows (N, D) with ``packing``."""
+        x = self.res_attn.exit(x, self.attn(self.res_attn.enter(x), mask=mask, packing=packing))
         return self.res_ff.exit(x, self.ff(self.res_ff.enter(x)))
 
 
@@ -275,6 +285,12 @@ class Transformer(Seq2Seq):
         x = embedding(tokens) * math.sqrt(self.d_model) + self.positions(start, tokens.shape[1])
         return self.embed_drop(x)
 
+    def embed_packed(self, embedding: nn.Embedding, tokens: torch.Tensor, packing: Packing) -> torch.Tensor:
+        """``embed`` of the real slots only: (B, S) ids -> (N, D)."""
+        positions = self.positions(0, packing.length)[packing.rows % packing.length]  # (N, D)
+        x = embedding(tokens.reshape(-1)[packing.rows]) * math.sqrt(self.d_model) + positions
+        return self.embed_drop(x)
+
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) logits; with tie_output the target embedding matrix is the projection."""
         return F.linear(h, self.trg_embed.weight) if self.out_proj is None else self.out_proj(h)
@@ -283,22 +299,30 @@ class Transformer(Seq2Seq):
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
         mask = key_padding_mask(src_mask)  # (B, 1, 1, S)
-        x = self.embed(self.src_embed, src)  # (B, S, D)
+        packing = None
+        if src.device.type == "cpu" and not bool(src_mask.all()):
+            # Compute on the real rows only (see Packing). Not on GPUs: there the row count hardly
+            # sets the time at these sizes, and the packing's data-dependent size would cost a sync.
+            packing = Packing(src_mask)
+            x = self.embed_packed(self.src_embed, src, packing)  # (N, D)
+        else:
+            x = self.embed(self.src_embed, src)  # (B, S, D)
         for layer in self.encoder:
-            x = layer(x, mask)
-        return EncoderOutput(self.encoder_norm(x), mask)
+            x = layer(x, mask, packing)
+        return EncoderOutput(self.encoder_norm(x), mask, packing)
 
     def decode(self, memory: EncoderOutput, trg_in: torch.Tensor) -> torch.Tensor:
         x = self.embed(self.trg_embed, trg_in)  # (B, T, D)
         for layer in self.decoder:
-            x = layer(x, layer.cross_attn.project_memory(memory.states), memory.mask)
+            x = layer(x, layer.cross_attn.project_memory(memory.states, memory.packing), memory.mask)
         return self.project(self.decoder_norm(x))  # (B, T, V)
 
     def init_state(self, memory: EncoderOutput, record_attention: bool = False) -> DecoderState:
         memory_kv = [  # once per sentence; contiguous so that every step's matmuls read them in place
-            tuple(t.contiguous() for t in layer.cross_attn.project_memory(memory.states)) for layer in self.decoder
+            tuple(t.contiguous() for t in layer.cross_attn.project_memory(memory.states, memory.packing))
+            for layer in self.decoder
         ]
-        rows = torch.arange(memory.states.shape[0], device=memory.states.device)
+        rows = torch.arange(memory.mask.shape[0], device=memory.mask.device)
         return DecoderState(memory_kv, memory.mask, rows, 1, [None] * len(self.decoder), None, 0, record_attention)
 
     def decode_step(self, prev_tokens: torch.Tensor, state: DecoderState) -> tuple[torch.Tensor, DecoderState]:
