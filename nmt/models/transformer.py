@@ -282,14 +282,16 @@ class Transformer(Seq2Seq):
 
     def embed(self, embedding: nn.Embedding, tokens: torch.Tensor, start: int = 0) -> torch.Tensor:
         """(B, T) ids -> (B, T, D) = dropout(sqrt(d) * E[ids] + P[start:start+T])."""
-        x = embedding(tokens) * math.sqrt(self.d_model) + self.positions(start, tokens.shape[1])
-        return self.embed_drop(x)
+        return self._embed(embedding, tokens, self.positions(start, tokens.shape[1]))
 
     def embed_packed(self, embedding: nn.Embedding, tokens: torch.Tensor, packing: Packing) -> torch.Tensor:
         """``embed`` of the real slots only: (B, S) ids -> (N, D)."""
         positions = self.positions(0, packing.length)[packing.rows % packing.length]  # (N, D)
-        x = embedding(tokens.reshape(-1)[packing.rows]) * math.sqrt(self.d_model) + positions
-        return self.embed_drop(x)
+        return self._embed(embedding, tokens.reshape(-1)[packing.rows], positions)
+
+    def _embed(self, embedding: nn.Embedding, ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """dropout(sqrt(d) * E[ids] + positions), the formula both layouts share."""
+        return self.embed_drop(embedding(ids) * math.sqrt(self.d_model) + positions)
 
     def project(self, h: torch.Tensor) -> torch.Tensor:
         """(..., D) -> (..., V) logits; with tie_output the target embedding matrix is the projection."""
