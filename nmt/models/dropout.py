@@ -20,10 +20,15 @@ import torch.nn.functional as F
 from torch import nn
 
 
+def byte_threshold(p: float) -> int:
+    """round(256 p): a random byte below it drops its element, so the rate applied is p_eff = threshold / 256."""
+    return round(256 * p)
+
+
 def byte_mask(x: torch.Tensor, p: float) -> torch.Tensor:
     """The scaled mask of ``byte_dropout``, in x's dtype and shape: 1 / (1 - p_eff) where the random
-    byte is >= round(256 p), 0 elsewhere. Needs 0 < round(256 p) < 256."""
-    threshold = round(256 * p)
+    byte is >= ``byte_threshold(p)``, 0 elsewhere. Needs 0 < byte_threshold(p) < 256."""
+    threshold = byte_threshold(p)
     n = x.numel()
     bits = torch.empty((n + 7) // 8, dtype=torch.int64, device=x.device).random_(-(2**63), None)  # all 64 bits
     mask = torch.empty(x.shape, dtype=x.dtype, device=x.device)
@@ -32,8 +37,8 @@ def byte_mask(x: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def byte_dropout(x: torch.Tensor, p: float) -> torch.Tensor:
-    """x * mask / (1 - p_eff), mask[i] = (random byte >= round(256 p))."""
-    threshold = round(256 * p)
+    """x * mask / (1 - p_eff), mask[i] = (random byte >= byte_threshold(p))."""
+    threshold = byte_threshold(p)
     if threshold == 0:
         return x
     if threshold >= 256:
@@ -69,8 +74,7 @@ def add_dropout(x: torch.Tensor, h: torch.Tensor, p: float) -> torch.Tensor:
     """x + dropout(h, p), the residual connection's sum. On a CPU the sum and the mask are one pass
     (``torch.addcmul``) instead of a product and a sum, and the gradient of ``x`` is passed on
     without a copy; the mask is ``byte_dropout``'s, drawn from the same random stream."""
-    threshold = round(256 * p)
-    if x.device.type != "cpu" or not 0 < threshold < 256 or x.shape != h.shape:
+    if x.device.type != "cpu" or not 0 < byte_threshold(p) < 256 or x.shape != h.shape:
         return x + dropout(h, p)
     return _AddScaled.apply(x, h, byte_mask(h, p))
 
