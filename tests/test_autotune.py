@@ -154,6 +154,10 @@ def _cpu_flags() -> set[str]:
 
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
 
+# An AVX2-only CPU, as far as each library that picks kernels by instruction set can be told:
+# oneDNN (bf16, some fp32), ATen's own vectorised kernels, and MKL (the fp32 matrix products).
+AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2"}
+
 # Runs in a fresh process, because oneDNN and ATen read the ISA limits once, at start-up.
 PROBE = """
 import json, time, torch
@@ -199,7 +203,7 @@ def _check_consistent(result: dict) -> dict:
 @pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA names x86 instruction sets")
 def test_avx2_only_machine_trains_in_fp32():
     """Without AVX-512 oneDNN has no bf16 kernels (a bf16 matmul crawls): bf16 is not even a candidate."""
-    result = _probe({"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"})
+    result = _probe(AVX2)
     choice = _check_consistent(result)
     assert not result["bf16_kernels"]
     assert choice["precision"] == "fp32"
@@ -256,9 +260,6 @@ def _nmt(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "nmt", *args], env={**os.environ, **env}, capture_output=True, text=True, timeout=300
     )
-
-
-AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2"}
 
 
 @pytest.mark.skipif(not X86, reason="ONEDNN_MAX_CPU_ISA names x86 instruction sets")
