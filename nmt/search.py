@@ -20,6 +20,7 @@ import math
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from nmt.loss import fp32_block_rows
 from nmt.models.base import Seq2Seq
@@ -78,8 +79,12 @@ def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tu
     width = min(k, logits.shape[-1])
     lprobs, ids = top_log_probs(logits, width)  # (n*K, w)
     cand = (scores.reshape(-1, 1) + lprobs).view(n, K * width)
-    top_scores, top_idx = cand.topk(min(k, K * width), dim=1)  # (n, k)
-    return top_scores, top_idx // width, ids.view(n, K * width).gather(1, top_idx)
+    if K * width < k:  # fewer candidates than asked (one beam over a tiny vocabulary): pad with dead ones
+        cand = F.pad(cand, (0, k - K * width), value=-math.inf)
+        ids = F.pad(ids.view(n, K * width), (0, k - K * width))
+    top_scores, top_idx = cand.topk(k, dim=1)  # (n, k)
+    beam = (top_idx // width).clamp(max=K - 1)  # a padded candidate names a real (dead-end) parent
+    return top_scores, beam, ids.view(n, -1).gather(1, top_idx)
 
 
 def _hypothesis(ids: list[int], log_prob: float, eos_id: int, attention: torch.Tensor | None = None) -> Hypothesis:
@@ -204,16 +209,16 @@ def beam_search(
         raise ValueError(f"nbest {nbest} must be between 1 and beam_size {beam_size}")
     B, K, device = src.shape[0], beam_size, src.device
     state = _init_state(model, src, src_mask, attention)
-    scores = torch.full((B, K), -math.inf, device=device)
-    scores[:, 0] = 0.0  # all beams start identical: let only the first one expand at step 0
+    # Step 0 starts from one beam per sentence (K identical ones would compute the same thing K
+    # times); pruning after it gives each sentence its K beams.
     beams = _Beams(
         sentence=list(range(B)),
-        scores=scores,
-        tokens=torch.full((B * K,), bos_id, dtype=torch.long, device=device),
-        history=torch.empty(B * K, 0, dtype=torch.long, device=device),
+        scores=torch.zeros(B, 1, device=device),
+        tokens=torch.full((B,), bos_id, dtype=torch.long, device=device),
+        history=torch.empty(B, 0, dtype=torch.long, device=device),
         limit=max_len.to(device).long(),
         bar=torch.full((B,), -math.inf, device=device),
-        state=model.reorder_state(state, torch.arange(B, device=device).repeat_interleave(K)),
+        state=state,
     )
     finished: list[list[tuple]] = [[] for _ in range(B)]  # (normalised score, log p, ids, attention)
     results: list[list[Hypothesis]] = [[] for _ in range(B)]
@@ -241,7 +246,8 @@ def _finish(
     hits = (is_eos & (top_scores[:, :K] > -math.inf)).nonzero()  # (h, 2): sentence, rank
     if not hits.numel():
         return
-    first_row = torch.arange(len(beams.sentence), device=top_tok.device) * K  # (n,)
+    alive = beams.scores.shape[1]  # beams per sentence in this step: 1 at step 0, then K
+    first_row = torch.arange(len(beams.sentence), device=top_tok.device) * alive  # (n,)
     rows = (first_row[hits[:, 0]] + top_beam[hits[:, 0], hits[:, 1]]).tolist()
     log_probs = top_scores[hits[:, 0], hits[:, 1]].tolist()
     sentences = hits[:, 0].tolist()
@@ -263,7 +269,7 @@ def _prune(beams: _Beams, top_scores, top_beam, top_tok, K: int, eos_id: int) ->
     n, width = top_tok.shape
     rank = torch.arange(width, device=top_tok.device)
     pick = ((top_tok == eos_id).long() * width + rank).topk(K, dim=1, largest=False).indices  # (n, K)
-    first_row = torch.arange(n, device=top_tok.device)[:, None] * K  # (n, 1)
+    first_row = torch.arange(n, device=top_tok.device)[:, None] * beams.scores.shape[1]  # (n, 1)
     rows = (first_row + top_beam.gather(1, pick)).view(-1)
     beams.scores = top_scores.gather(1, pick)
     beams.tokens = top_tok.gather(1, pick).view(-1)

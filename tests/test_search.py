@@ -223,3 +223,51 @@ def test_oracle_beam_finds_what_greedy_misses():
             assert score2 < score
     one = beam(model, src, mask, 1, 0.0, 0.0, 6)
     assert [h[0][0] for h in one] == [[A] * 6] * 2  # beam 1 is greedy, misses it too
+
+
+class CountingOracle(Oracle):
+    """The oracle, recording how many hypotheses each step computes."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    def decode_step(self, prev_tokens, state):
+        self.rows.append(prev_tokens.numel())
+        return super().decode_step(prev_tokens, state)
+
+
+def test_first_step_computes_one_beam_per_sentence():
+    """All K beams start identical, so step 0 runs once per sentence; K per sentence after it."""
+    model = CountingOracle()
+    src = torch.tensor([[5, 5, 5, EOS]] * 3)
+    out = beam(model, src, src != PAD, 2, 0.0, 0.0, 6)
+    assert [hyps[0][0] for hyps in out] == [[B_]] * 3
+    assert model.rows[:2] == [3, 6]
+
+
+def test_beam_wider_than_the_vocabulary():
+    """K = 6 beams over 5 words: step 0 has fewer candidates (5) than the 2K looked at; the search
+    still finds the best sequence and n distinct hypotheses."""
+    model = Oracle()
+    src = torch.tensor([[5, 5, 5, EOS]] * 2)
+    for hyps in beam(model, src, src != PAD, 6, 0.0, 0.0, 6, nbest=6):
+        assert hyps[0][0] == [B_]
+        assert hyps[0][1] == pytest.approx(math.log(0.4 * 0.95), rel=1e-5)
+        assert len({tuple(ids) for ids, _ in hyps}) == 6
+        assert [s for _, s in hyps] == sorted((s for _, s in hyps), reverse=True)
+
+
+def test_best_continuations_of_one_beam_over_a_small_vocabulary():
+    """One live beam per sentence and V < 2K: the V real candidates first, then dead (-inf) ones
+    that name a real parent beam."""
+    g = torch.Generator().manual_seed(0)
+    n, V, K = 3, 5, 4
+    scores = torch.randn(n, 1, generator=g)
+    logits = torch.randn(n, V, generator=g)
+    top_scores, beam_, tok = best_continuations(scores, logits, 2 * K)
+    ref_scores, ref_tok = (scores + torch.log_softmax(logits, dim=-1)).topk(V, dim=1)
+    assert top_scores.shape == (n, 2 * K)
+    assert torch.equal(top_scores[:, :V], ref_scores) and torch.equal(tok[:, :V], ref_tok)
+    assert (top_scores[:, V:] == -math.inf).all()
+    assert (beam_ == 0).all()
