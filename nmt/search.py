@@ -165,10 +165,11 @@ def greedy_search(
 
 @dataclass
 class _Beams:
-    """The K alive hypotheses of each of the n unfinished sentences, as one batch of n*K rows."""
+    """The K alive hypotheses of each of the n unfinished sentences, as one batch of n*K rows
+    (K = 1 before the first step: a sentence's beams all start from BOS alone)."""
 
     sentence: list[int]  # (n,) original index of each unfinished sentence
-    scores: torch.Tensor  # (n, K) summed log-probabilities; -inf for a beam not yet alive
+    scores: torch.Tensor  # (n, K) summed log-probabilities; -inf for a dead end (fewer words than beams)
     tokens: torch.Tensor  # (n*K,) last token of each beam
     history: torch.Tensor  # (n*K, t) tokens so far
     limit: torch.Tensor  # (n,) step limit of each sentence
