@@ -270,7 +270,8 @@ def _prune(beams: _Beams, top_scores, top_beam, top_tok, K: int, eos_id: int) ->
     n, width = top_tok.shape
     rank = torch.arange(width, device=top_tok.device)
     pick = ((top_tok == eos_id).long() * width + rank).topk(K, dim=1, largest=False).indices  # (n, K)
-    first_row = torch.arange(n, device=top_tok.device)[:, None] * beams.scores.shape[1]  # (n, 1)
+    alive = beams.scores.shape[1]  # parents per sentence: 1 at step 0, then K
+    first_row = torch.arange(n, device=top_tok.device)[:, None] * alive  # (n, 1)
     rows = (first_row + top_beam.gather(1, pick)).view(-1)
     beams.scores = top_scores.gather(1, pick)
     beams.tokens = top_tok.gather(1, pick).view(-1)
