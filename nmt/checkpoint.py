@@ -193,12 +193,22 @@ class CheckpointManager:
         return best
 
     def load_latest_state(self, warn: Callable[[str], None]) -> tuple[Path, dict] | None:
-        """Newest readable training state and its file; corrupt ones are reported and skipped."""
-        for info in list_checkpoints(self.directory, "update"):
+        """Newest readable training state and its file; corrupt ones are reported and skipped.
+
+        None for a run without training states. When there are some and none is readable, an error:
+        starting over would silently drop the run's progress and mix a new run's best checkpoints
+        with the old one's."""
+        found = list_checkpoints(self.directory, "update")
+        for info in found:
             try:
                 return info.path, load(info.path)
             except NMTError as e:
                 warn(f"{e}; trying an older checkpoint")
+        if found:
+            raise NMTError(
+                f"{self.directory}: none of the run's {len(found)} training-state checkpoints (update_*.pt) is "
+                "readable; restore one, or train into a new run_dir to start over"
+            )
         return None
 
 

@@ -101,6 +101,19 @@ def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
     assert len(warnings) == 1 and "update_00000002.pt" in warnings[0]
 
 
+def test_resume_refuses_to_start_over_when_every_state_is_corrupt(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    m.save_state(payload(1.0), 1)
+    m.save_state(payload(2.0), 2)
+    for name in ("update_00000001.pt", "update_00000002.pt"):
+        (tmp_path / name).write_bytes((tmp_path / name).read_bytes()[:100])
+    warnings = []
+    with pytest.raises(NMTError, match="none of the run's 2 training-state checkpoints"):
+        m.load_latest_state(warnings.append)
+    assert len(warnings) == 2
+    assert checkpoint.CheckpointManager(tmp_path / "fresh", keep_last=3, keep_best=1).load_latest_state(print) is None
+
+
 def test_rng_state_roundtrip():
     import random
 
