@@ -246,6 +246,8 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
 
     local = Path(spec.path)
     is_local = local.is_dir()
+    if not is_local and _looks_like_path(spec.path):  # not a hub name: do not ask the network for it
+        raise NMTError(f"{spec.path}: no such dataset directory")
     fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e))
     try:
         if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):

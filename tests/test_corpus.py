@@ -287,6 +287,13 @@ def test_hub_offline_gives_one_line_error(tmp_path, monkeypatch):
     assert "made-up-org-xyz/no-such-corpus-42" in message
 
 
+def test_hf_missing_local_directory_is_not_looked_up_on_the_hub(tmp_path):
+    missing = tmp_path / "no_such_dataset"
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(missing), format="hf"), "de", "en")
+    assert _one_line(err) == f"{missing}: no such dataset directory"
+
+
 # --------------------------------------------------------------------------- cleaning and filtering
 
 
