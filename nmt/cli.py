@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from nmt import commands
@@ -244,6 +245,15 @@ def main(argv: list[str] | None = None) -> int:
     from nmt.device import enlarge_onednn_cache
 
     enlarge_onednn_cache()  # before torch builds its first oneDNN kernel
+    code = _run(args)
+    if args.command == "train" and _torchrun_world_size() > 1:
+        from nmt.distributed import exit_rank
+
+        exit_rank(code)
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
     except NMTError as e:
@@ -255,6 +265,13 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+
+
+def _torchrun_world_size() -> int:
+    try:
+        return int(os.environ.get("WORLD_SIZE", "1"))
+    except ValueError:
+        return 1
 
 
 if __name__ == "__main__":

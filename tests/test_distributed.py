@@ -116,3 +116,12 @@ def test_share_gives_every_rank_its_round_robin_part():
     group = [[1], [2], [3]]
     assert [share(group, World(rank=r, world_size=2)) for r in (0, 1)] == [[[1], [3]], [[2]]]
     assert share(group[:1], World(rank=1, world_size=2)) == []  # the trainer then adds a zero-weight batch
+
+
+def test_exit_rank_flushes_output_and_keeps_the_exit_code():
+    """A rank ends by os._exit (no interpreter teardown): what it printed must still arrive, and its
+    exit status must be the run's, since torchrun judges the job by it."""
+    code = "import sys; from nmt.distributed import exit_rank; print('done'); sys.stderr.write('note'); exit_rank(143)"
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output to a pipe is then buffered
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
+    assert (done.returncode, done.stdout, done.stderr) == (143, "done\n", "note")
