@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 from nmt import commands
@@ -246,10 +245,11 @@ def main(argv: list[str] | None = None) -> int:
 
     enlarge_onednn_cache()  # before torch builds its first oneDNN kernel
     code = _run(args)
-    if args.command == "train" and _torchrun_world_size() > 1:
-        from nmt.distributed import exit_rank
+    if args.command == "train":
+        from nmt import distributed
 
-        exit_rank(code)
+        if distributed.world_from_environment().enabled:  # a torchrun rank: see exit_rank
+            distributed.exit_rank(code)
     return code
 
 
@@ -265,13 +265,6 @@ def _run(args: argparse.Namespace) -> int:
         return 130
     except BrokenPipeError:
         return 0
-
-
-def _torchrun_world_size() -> int:
-    try:
-        return int(os.environ.get("WORLD_SIZE", "1"))
-    except ValueError:
-        return 1
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import os
 import sys
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
@@ -71,7 +71,7 @@ def shutdown() -> None:
         dist.destroy_process_group()
 
 
-def exit_rank(code: int) -> None:
+def exit_rank(code: int) -> NoReturn:
     """End this torchrun rank now with ``code``, its output flushed, skipping interpreter exit.
 
     After ``destroy_process_group`` the group of a DistributedDataParallel job stays alive (DDP
