@@ -310,21 +310,20 @@ def cpu_use(usage: list[tuple[float, float]], threads: int) -> float:
 
 def measure(request: Request, shape: Shape, device: torch.device, world_threads: int | None = None) -> Choice:
     """Time the candidates of every dimension the request leaves to ``auto``; return the choice."""
-    from nmt.loss import label_smoothed_nll
+    from nmt.batching import Batch
+    from nmt.loss import teacher_forced_loss
     from nmt.models import build_model
 
     torch.manual_seed(0)
     model = build_model(shape.model, shape.vocab, shape.vocab, 0).to(device).train()
     optimizer = adamw(model.parameters(), lr=1e-4)
-    src, src_mask, trg_in, trg_out = _batch(shape, device)
+    batch = Batch(*_batch(shape, device), n_trg_tokens=0, n_src_tokens=0, indices=[])
 
     def step_with(precision: str, attention: str) -> Callable[[], None]:
         def step() -> None:
             model.set_attention_kernel(attention)
             optimizer.zero_grad(set_to_none=True)
-            with Precision(device.type, precision).autocast():
-                logits = model(src, src_mask, trg_in)
-            loss, _ = label_smoothed_nll(logits, trg_out, 0.1, 0, reuse_logits=True)  # as training does
+            loss, _ = teacher_forced_loss(model, model, batch, 0.1, 0, Precision(device.type, precision))
             loss.backward()
             optimizer.step()
 

@@ -26,7 +26,7 @@ from nmt.config import Config
 from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
-from nmt.loss import label_smoothed_nll
+from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
 from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
@@ -62,11 +62,10 @@ def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision,
     was_training = model.training
     model.eval()
     nll_total, tokens = 0.0, 0
-    with torch.inference_mode(), precision.autocast():
+    with torch.inference_mode():
         for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
             batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
-            logits = model(batch.src, batch.src_mask, batch.trg_in)
-            _, nll = label_smoothed_nll(logits, batch.trg_out, 0.0, tok.pad_id)
+            _, nll = teacher_forced_loss(model, model, batch, 0.0, tok.pad_id, precision)
             nll_total += nll.item()
             tokens += batch.n_trg_tokens
     model.train(was_training)
@@ -238,10 +237,9 @@ class Trainer:
             last = i == len(batches) - 1
             # Gradients are all-reduced once per update, in the last backward pass.
             with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
-                with self.precision.autocast():
-                    logits = self.step_model(batch.src, batch.src_mask, batch.trg_in)
-                smoothing = cfg.label_smoothing
-                loss, nll = label_smoothed_nll(logits, batch.trg_out, smoothing, tok.pad_id, reuse_logits=True)
+                loss, nll = teacher_forced_loss(
+                    self.model, self.step_model, batch, cfg.label_smoothing, tok.pad_id, self.precision
+                )
                 self.scaler.scale(loss * loss_scale / n_tokens).backward()
             sums += torch.stack([loss.detach(), nll]) * weight
         self.scaler.unscale_(self.optimizer)

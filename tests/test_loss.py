@@ -6,7 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from nmt.loss import label_smoothed_nll
+import nmt.loss as loss_module
+from nmt.loss import label_smoothed_nll, projected_label_smoothed_nll
 
 PAD = 0
 
@@ -128,3 +129,89 @@ def test_reused_logits_give_the_same_gradients_and_hold_them(dtype):
         assert torch.allclose(grads[0], grads[1], rtol=1e-5, atol=1e-8)
     else:  # bf16 logits recompute p in the backward pass either way
         assert losses[0] == losses[1] and torch.equal(grads[0], grads[1])
+
+
+# -- the output layer and the loss together, block by block (fp32 CPU training)
+
+
+def projected_example(bias: bool):
+    g = torch.Generator().manual_seed(3)
+    features = torch.randn(2, 5, 4, generator=g, dtype=torch.float64)
+    weight = torch.randn(9, 4, generator=g, dtype=torch.float64)
+    b = torch.randn(9, generator=g, dtype=torch.float64) if bias else None
+    target = torch.tensor([[3, 1, 8, 2, PAD], [4, 7, PAD, PAD, PAD]])
+    return features, weight, b, target
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("block_rows", [1, 3, 1024])
+def test_projected_loss_matches_hand_computation_and_autograd_of_the_formula(monkeypatch, bias, block_rows):
+    """Every block size (one row, blocks that do not divide the rows, one block; the loss's passes in
+    pieces of two rows) gives the hand computation's loss over features W^T + b, and gradients for
+    features, W and b that equal autograd through the formula, scaled by the incoming gradient;
+    padding rows get none."""
+    monkeypatch.setattr(loss_module, "projection_block_rows", lambda vocab: block_rows)
+    monkeypatch.setattr(loss_module, "fp32_block_rows", lambda vocab, device_type: 2)  # pieces within blocks
+    features, weight, b, target = projected_example(bias)
+    logits = F.linear(features, weight, b)
+    want_loss, want_nll = hand_loss(logits, target, 0.1)
+    leaves = [t.clone().requires_grad_() for t in (features, weight, b) if t is not None]
+    loss, nll = projected_label_smoothed_nll(leaves[0], leaves[1], leaves[2] if bias else None, target, 0.1, PAD)
+    assert loss.item() == pytest.approx(want_loss, rel=1e-12)
+    assert nll.item() == pytest.approx(want_nll, rel=1e-12)
+    got = torch.autograd.grad(0.37 * loss, leaves)
+    formula = [t.clone().requires_grad_() for t in (features, weight, b) if t is not None]
+    lp = torch.log_softmax(F.linear(*formula), -1)
+    per_token = 0.9 * -lp.gather(-1, target[..., None]).squeeze(-1) - (0.1 / 9) * lp.sum(-1)
+    want = torch.autograd.grad(0.37 * (per_token * (target != PAD)).sum(), formula)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-10, atol=1e-12)
+    assert got[0][0, 4].abs().max() == 0 and got[0][1, 2:].abs().max() == 0
+
+
+def test_projected_loss_without_gradients_gives_the_same_sums():
+    features, weight, b, target = projected_example(bias=True)
+    with_graph = projected_label_smoothed_nll(features.requires_grad_(), weight, b, target, 0.1, PAD)
+    with torch.inference_mode():
+        without = projected_label_smoothed_nll(features, weight, b, target, 0.1, PAD)
+    assert [t.item() for t in without] == [t.item() for t in with_graph]
+
+
+@pytest.mark.parametrize("model_type", ["transformer", "rnn"])
+def test_training_loss_on_a_cpu_in_fp32_equals_the_loss_of_the_models_logits(model_type):
+    """``teacher_forced_loss`` (fp32 CPU: the loss applies the output layer, tied to the target
+    embeddings in the Transformer, with a bias in the RNN) gives the loss and the gradient of every
+    parameter that the model's own logits do."""
+    from nmt.batching import Batch
+    from nmt.device import Precision
+    from nmt.loss import projects_with_loss, teacher_forced_loss
+    from nmt.models import build_model
+    from nmt.models.rnn import RNNConfig
+    from nmt.models.transformer import TransformerConfig
+
+    assert projects_with_loss("cpu", "fp32") and not projects_with_loss("cpu", "bf16")
+    cfg = TransformerConfig(d_model=16, ff_size=32, heads=2, dropout=0.0) if model_type == "transformer" else None
+    cfg = cfg or RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1, dropout=0.0, tie_output=False)
+    torch.manual_seed(0)
+    model = build_model(cfg, 23, 23, PAD)
+    src = torch.randint(1, 23, (3, 6))
+    src_mask = torch.ones(3, 6, dtype=torch.bool)
+    src_mask[1, 4:] = False
+    trg = torch.randint(1, 23, (3, 5))
+    trg[2, 3:] = PAD
+    batch = Batch(src.masked_fill(~src_mask, PAD), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])
+    results = []
+    for projected in (True, False):
+        model.zero_grad(set_to_none=True)
+        if projected:
+            loss, nll = teacher_forced_loss(model, model, batch, 0.1, PAD, Precision("cpu", "fp32"))
+        else:
+            logits = model(batch.src, batch.src_mask, batch.trg_in)
+            loss, nll = label_smoothed_nll(logits, batch.trg_out, 0.1, PAD)
+        (loss / 7).backward()
+        results.append((loss.item(), nll.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_a, nll_a, grads_a), (loss_b, nll_b, grads_b) = results
+    assert loss_a == pytest.approx(loss_b, rel=1e-6) and nll_a == pytest.approx(nll_b, rel=1e-6)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_a[name], grads_b[name], rtol=1e-5, atol=1e-7, msg=name)

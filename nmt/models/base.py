@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -21,10 +22,14 @@ class Seq2Seq(nn.Module):
     pad_id: int
     max_positions: int | None = None  # longest sequence (source or target) the model accepts; None: any
 
-    def forward(self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor) -> torch.Tensor:
-        """Teacher forcing: logits [B, T, V] for every target position at once."""
-        memory = self.encode(src, src_mask)
-        return self.decode(memory, trg_in)
+    def forward(
+        self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor, features_only: bool = False
+    ) -> torch.Tensor:
+        """Teacher forcing: logits [B, T, V] for every target position at once; with ``features_only``
+        the decoder's output [B, T, D] before the output layer (``output_layer``), for a loss that
+        applies that layer itself (nmt/loss.py: ``projected_label_smoothed_nll``)."""
+        features = self.decode_features(self.encode(src, src_mask), trg_in)
+        return features if features_only else self.project(features)
 
     def set_attention_kernel(self, kernel: str) -> None:
         """Compute attention with ``kernel`` ("sdpa" or "explicit"); models without such a choice ignore it."""
@@ -33,9 +38,19 @@ class Seq2Seq(nn.Module):
         """Run the encoder once; the result is what the decoder attends to (model-specific)."""
         raise NotImplementedError
 
-    def decode(self, memory: Any, trg_in: torch.Tensor) -> torch.Tensor:
-        """Decoder over a whole target prefix [B, T] -> logits [B, T, V]."""
+    def decode_features(self, memory: Any, trg_in: torch.Tensor) -> torch.Tensor:
+        """Decoder over a whole target prefix [B, T] -> its output [B, T, D], before the output layer."""
         raise NotImplementedError
+
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The weight [V, D] and bias [V] (or None) that map decoder output to logits."""
+        raise NotImplementedError
+
+    def project(self, features: torch.Tensor) -> torch.Tensor:
+        """Decoder output [..., D] -> logits [..., V], through ``output_layer`` (which the fp32 CPU
+        training loss applies by itself: logits must depend on nothing else)."""
+        weight, bias = self.output_layer()
+        return F.linear(features, weight, bias)
 
     def init_state(self, memory: Any, record_attention: bool = False) -> Any:
         """Decoder state before the first step: caches of keys/values, RNN hidden state, ...

@@ -335,7 +335,10 @@ class RNNSeq2Seq(Seq2Seq):
         """h̃ (..., H) -> logits (..., V)."""
         return self.generator(self.out_proj(h_tilde))
 
-    def decode(self, memory: RNNMemory, trg_in: torch.Tensor) -> torch.Tensor:
+    def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.generator.weight, self.generator.bias
+
+    def decode_features(self, memory: RNNMemory, trg_in: torch.Tensor) -> torch.Tensor:
         state = self.init_state(memory)
         emb = self.dropout(self.trg_embed(trg_in))  # (B, T, E)
         if self.input_feeding:
@@ -349,7 +352,7 @@ class RNNSeq2Seq(Seq2Seq):
             h_tilde = torch.cat(steps, dim=1)  # (B, T, H)
         else:
             h_tilde, state = self._step(emb, state)  # (B, T, H), all positions in one call
-        return self._logits(h_tilde)  # (B, T, V)
+        return self.out_proj(h_tilde)  # (B, T, E): the generator's input
 
     def decode_step(self, prev_tokens: torch.Tensor, state: RNNState) -> tuple[torch.Tensor, RNNState]:
         emb = self.dropout(self.trg_embed(prev_tokens).unsqueeze(1))  # (N, 1, E)

@@ -293,9 +293,9 @@ class Transformer(Seq2Seq):
         """dropout(sqrt(d) * E[ids] + positions), the formula both layouts share."""
         return self.embed_drop(embedding(ids) * math.sqrt(self.d_model) + positions)
 
-    def project(self, h: torch.Tensor) -> torch.Tensor:
-        """(..., D) -> (..., V) logits; with tie_output the target embedding matrix is the projection."""
-        return F.linear(h, self.trg_embed.weight) if self.out_proj is None else self.out_proj(h)
+    def output_layer(self) -> tuple[torch.Tensor, None]:
+        """With tie_output the target embedding matrix is the output projection."""
+        return (self.trg_embed.weight if self.out_proj is None else self.out_proj.weight), None
 
     # -- Seq2Seq interface
 
@@ -313,11 +313,11 @@ class Transformer(Seq2Seq):
             x = layer(x, mask, packing)
         return EncoderOutput(self.encoder_norm(x), mask, packing)
 
-    def decode(self, memory: EncoderOutput, trg_in: torch.Tensor) -> torch.Tensor:
+    def decode_features(self, memory: EncoderOutput, trg_in: torch.Tensor) -> torch.Tensor:
         x = self.embed(self.trg_embed, trg_in)  # (B, T, D)
         for layer in self.decoder:
             x = layer(x, layer.cross_attn.project_memory(memory.states, memory.packing), memory.mask)
-        return self.project(self.decoder_norm(x))  # (B, T, V)
+        return self.decoder_norm(x)  # (B, T, D)
 
     def init_state(self, memory: EncoderOutput, record_attention: bool = False) -> DecoderState:
         memory_kv = [  # once per sentence; contiguous so that every step's matmuls read them in place
