@@ -156,7 +156,7 @@ class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
 
     Each block's logits are made, turned into their loss and their gradient p - q, and consumed by
     the two gradient products (dh = (p - q) W, dW += (p - q)^T h) while they are still in cache, so
-    the (N, V) logits never exist whole: on a 2-core Xeon (fp32, 4,000 tokens, V = 8,000) the
+    the (N, V) logits never exist whole: on a 2-core Xeon (model 167; fp32, 4,000 tokens, V = 8,000) the
     projection and loss take 20-25% less time than a whole product followed by the loss (14% with
     AVX2 only). The gradients are computed in the forward pass for a loss weight of 1 per token and
     scaled by the incoming gradient in the backward pass: the graph can be backpropagated once only.
