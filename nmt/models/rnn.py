@@ -333,7 +333,7 @@ class RNNSeq2Seq(Seq2Seq):
 
     def _logits(self, h_tilde: torch.Tensor) -> torch.Tensor:
         """h̃ (..., H) -> logits (..., V)."""
-        return self.generator(self.out_proj(h_tilde))
+        return self.project(self.out_proj(h_tilde))  # the generator, through output_layer as training uses it
 
     def output_layer(self) -> tuple[torch.Tensor, torch.Tensor]:
         return self.generator.weight, self.generator.bias
