@@ -1,0 +1,81 @@
+"""scripts/peer_speed.py, the one-sitting speed comparison with fairseq: parsing, the ratio it
+reports, and one-line errors, with a stand-in peer script (no fairseq build needed)."""
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import tiny_config
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "peer_speed.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import peer_speed  # noqa: E402
+
+
+def test_parse_peer_speed_takes_the_last_figure():
+    text = (
+        "building ...\nfairseq 0.12 training: 1,000 nonsense\nfairseq 0.12 training: 2977.5 target tokens/s (median)\n"
+    )
+    assert peer_speed.parse_peer_speed(text, "peer.sh") == 2977.5
+
+
+def test_parse_peer_speed_names_the_script_and_its_last_line():
+    with pytest.raises(peer_speed.SittingError, match=r"peer.sh: printed no 'target tokens/s'; its last line: oops"):
+        peer_speed.parse_peer_speed("starting\noops\n", "peer.sh")
+
+
+def test_summarize_reports_median_and_range_of_ratios():
+    pairs = [{"nmt": 300.0, "peer": 200.0}, {"nmt": 400.0, "peer": 200.0}, {"nmt": 330.0, "peer": 200.0}]
+    assert peer_speed.summarize(pairs) == {"count": 3, "median_ratio": 1.65, "min_ratio": 1.5, "max_ratio": 2.0}
+
+
+def _fake_peer(tmp_path: Path, body: str) -> Path:
+    peer = tmp_path / "fake_fairseq_speed.sh"
+    peer.write_text(f"#!/usr/bin/env bash\n{body}\n")
+    return peer
+
+
+def _run(tmp_path: Path, peer: Path, *extra: str) -> subprocess.CompletedProcess:
+    config = tiny_config(tmp_path)
+    nmt = f"{sys.executable} -m nmt"
+    args = ["--config", str(config), "--peer", str(peer), "--nmt", nmt, "--updates", "2", *extra]
+    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
+
+
+def test_sitting_prints_each_pair_and_the_median_ratio(tmp_path):
+    peer = _fake_peer(tmp_path, 'echo "fairseq 0.12 training: 250 target tokens/s (median of 5 intervals)"')
+    out = tmp_path / "sitting.json"
+    done = _run(tmp_path, peer, "--pairs", "2", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(out.read_text())
+    assert [p["peer"] for p in report["pairs"]] == [250.0, 250.0]
+    ratios = [p["nmt"] / 250.0 for p in report["pairs"]]
+    assert report["summary"]["median_ratio"] == pytest.approx(sum(ratios) / 2)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("pair ")]
+    assert len(lines) == 2
+    for line, ratio in zip(lines, ratios):
+        assert re.search(r"fairseq 250: ([0-9.]+)x$", line).group(1) == f"{ratio:.2f}"
+    assert done.stdout.splitlines()[-1].startswith(f"median {report['summary']['median_ratio']:.2f}x over 2 pairs")
+
+
+def test_failing_peer_is_one_line_naming_it(tmp_path):
+    peer = _fake_peer(tmp_path, 'echo "no venv here" >&2; exit 3')
+    done = _run(tmp_path, peer)
+    assert done.returncode == 1
+    assert done.stderr.strip() == f"peer_speed: {peer} exited with 3: no venv here"
+
+
+def test_missing_peer_script_is_one_line(tmp_path):
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--peer", str(tmp_path / "absent.sh")], capture_output=True, text=True
+    )
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip()
+        == f"peer_speed: no peer script at {tmp_path / 'absent.sh'} (pass --peer or set FAIRSEQ_SPEED)"
+    )
