@@ -1,6 +1,7 @@
 """scripts/gpu_check.py (make gpu-check) runs its whole logic on a CPU with --quick, so it cannot rot
 between the rare sessions that have a GPU."""
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -34,5 +35,8 @@ def test_gpu_check_logic_runs_on_cpu(tmp_path):
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     summary = done.stdout.split("== gpu-check on")[1]
     assert "FAIL" not in summary
-    assert "PASS  batched beam search" in summary and "nmt bench, Transformer-base" in summary
-    assert (tmp_path / "gpu_check.json").exists()
+    assert "PASS  batched beam search" in summary
+    assert "nmt bench, Transformer-base, eager" in summary and "nmt bench, Transformer-base, compiled" in summary
+    figures = json.loads((tmp_path / "gpu_check.json").read_text())
+    for label in ("eager", "compiled"):
+        assert figures[f"bench_{label}"]["training"]["trg_tokens_per_s"] > 0
