@@ -224,6 +224,10 @@ def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
     """Eager, then compiled (``train.compile``): the last GPU ran eager at 5-10% of the peak, bound by
     the host's operator launches, which compiling fuses; one scarce GPU session measures both."""
     for label, extra in (("eager", []), ("compiled", ["train.compile=true"])):
+        if label == "compiled" and quick and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+            skipped = "skipped: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++ on PATH)"
+            report.add("nmt bench, Transformer-base, compiled", None, skipped)
+            continue
         values = read_yaml(ROOT / "configs" / "multi30k_transformer_base.yaml")
         sets = [
             f"run_dir={out / ('bench-' + label)}",

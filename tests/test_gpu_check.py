@@ -2,6 +2,7 @@
 between the rare sessions that have a GPU."""
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -38,5 +39,6 @@ def test_gpu_check_logic_runs_on_cpu(tmp_path):
     assert "PASS  batched beam search" in summary
     assert "nmt bench, Transformer-base, eager" in summary and "nmt bench, Transformer-base, compiled" in summary
     figures = json.loads((tmp_path / "gpu_check.json").read_text())
-    for label in ("eager", "compiled"):
+    compiler = any(shutil.which(c) for c in ("g++", "c++", "clang++"))  # torch.compile's on a CPU
+    for label in ("eager", "compiled") if compiler else ("eager",):
         assert figures[f"bench_{label}"]["training"]["trg_tokens_per_s"] > 0
