@@ -91,21 +91,37 @@ class Choice:
 # ---------------------------------------------------------------------------- the machine
 
 
-def cpu_model_and_flags() -> tuple[str, list[str]]:
-    """The CPU's model name and feature flags (Linux /proc/cpuinfo; elsewhere the platform's name)."""
+def parse_cpuinfo(text: str) -> tuple[str, str, list[str]]:
+    """The first processor's model name, its identity ("GenuineIntel family 6 model 167 stepping 1"
+    on x86, "" where the fields are absent) and its sorted feature flags, from /proc/cpuinfo's text.
+
+    Cloud VMs often report a generic model name ("Intel(R) Xeon(R) Processor"); the family and
+    model numbers still tell the CPU generation apart.
+    """
+    fields: dict[str, str] = {}
+    for line in text.splitlines():
+        name, sep, value = line.partition(":")
+        name = name.strip()
+        if sep and name not in fields:
+            fields[name] = value.strip()
+    model = next((fields[k] for k in ("model name", "Model", "cpu model") if fields.get(k)), "")
+    identity = ""
+    if all(fields.get(k) for k in ("cpu family", "model", "stepping")):
+        identity = f"family {fields['cpu family']} model {fields['model']} stepping {fields['stepping']}"
+        identity = f"{fields['vendor_id']} {identity}" if fields.get("vendor_id") else identity
+    flags = (fields.get("flags") or fields.get("Features") or "").split()
+    return model, identity, sorted(flags)
+
+
+def cpu_model_and_flags() -> tuple[str, str, list[str]]:
+    """The CPU's model name, identity and feature flags (Linux /proc/cpuinfo; elsewhere the
+    platform's name)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return platform.processor() or platform.machine(), []
-    model, flags = "", []
-    for line in text.splitlines():
-        name, _, value = line.partition(":")
-        name = name.strip()
-        if name in ("model name", "Model", "cpu model") and not model:
-            model = value.strip()
-        elif name in ("flags", "Features") and not flags:
-            flags = value.split()
-    return model or platform.machine(), sorted(flags)
+        return platform.processor() or platform.machine(), "", []
+    model, identity, flags = parse_cpuinfo(text)
+    return model or platform.machine(), identity, flags
 
 
 # Flags that decide matmul speed, named in logs and reports.
@@ -130,9 +146,10 @@ def machine(device: torch.device) -> dict:
             "cuda": torch.version.cuda,
             "torch": torch.__version__,
         }
-    model, flags = cpu_model_and_flags()
+    model, identity, flags = cpu_model_and_flags()
     return {
         "cpu": model,
+        "cpu_id": identity,
         "flags_sha1": hashlib.sha1(" ".join(flags).encode()).hexdigest()[:16],
         "notable_flags": [f for f in NOTABLE_FLAGS if f in flags],
         "cpus": usable_cpus(),
@@ -147,7 +164,8 @@ def machine_name(info: dict) -> str:
         return f"{info['gpu']} (compute {info['capability']}, CUDA {info['cuda']})"
     flags = " ".join(info["notable_flags"]) or "no AVX2"
     limits = "".join(f", {k}={v}" for k, v in info["isa_env"].items())
-    return f"{info['cpu']} [{flags}], {info['cpus']} CPUs{limits}"
+    identity = f" ({info['cpu_id']})" if info.get("cpu_id") else ""
+    return f"{info['cpu']}{identity} [{flags}], {info['cpus']} CPUs{limits}"
 
 
 # ---------------------------------------------------------------------------- the cache

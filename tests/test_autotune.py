@@ -143,13 +143,59 @@ def test_an_unwritable_cache_never_stops_a_run(tmp_path, counted):
     assert any("could not write the cache" in m for m in messages)
 
 
+# ---------------------------------------------------------------------------- naming the machine
+
+INTEL_VM = """processor\t: 0
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 167
+model name\t: Intel(R) Xeon(R) Processor
+stepping\t: 1
+flags\t\t: fpu sse2 avx2 fma avx512f avx512_bf16 amx_bf16
+
+processor\t: 1
+vendor_id\t: GenuineIntel
+cpu family\t: 6
+model\t\t: 85
+model name\t: another
+stepping\t: 7
+flags\t\t: fpu
+"""
+
+ARM = """processor\t: 0
+BogoMIPS\t: 48.00
+Features\t: fp asimd evtstrm crc32
+CPU implementer\t: 0x41
+CPU part\t: 0xd0c
+"""
+
+
+def test_cpuinfo_gives_the_first_processors_name_identity_and_flags():
+    model, identity, flags = autotune.parse_cpuinfo(INTEL_VM)
+    assert model == "Intel(R) Xeon(R) Processor"  # not the numeric "model" field
+    assert identity == "GenuineIntel family 6 model 167 stepping 1"
+    assert flags == sorted(["fpu", "sse2", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"])
+    assert autotune.parse_cpuinfo(ARM) == ("", "", ["asimd", "crc32", "evtstrm", "fp"])
+    assert autotune.parse_cpuinfo("") == ("", "", [])
+
+
+def test_machine_name_shows_the_identity_where_there_is_one():
+    info = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_id": "GenuineIntel family 6 model 167 stepping 1"}
+    info |= {"notable_flags": ["avx2", "amx_bf16"], "cpus": 2, "isa_env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
+    assert autotune.machine_name(info) == (
+        "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167 stepping 1) [avx2 amx_bf16], 2 CPUs, "
+        "ONEDNN_MAX_CPU_ISA=AVX2"
+    )
+    assert autotune.machine_name(info | {"cpu_id": ""}).startswith("Intel(R) Xeon(R) Processor [avx2")
+
+
 # ---------------------------------------------------------------------------- real measurements
 
 X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _cpu_flags() -> set[str]:
-    return set(autotune.cpu_model_and_flags()[1])
+    return set(autotune.cpu_model_and_flags()[2])
 
 
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
