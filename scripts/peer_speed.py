@@ -56,7 +56,10 @@ def run_nmt(nmt: list[str], config: str, overrides: list[str], updates: int) -> 
         out = Path(tmp) / "bench.json"
         sets = [arg for kv in ["train.max_tokens=4096", *overrides] for arg in ("--set", kv)]
         command = [*nmt, "bench", "--config", config, *sets, "--updates", str(updates), "--decode-sentences", "1"]
-        done = subprocess.run(command + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+        try:
+            done = subprocess.run(command + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+        except OSError as e:
+            raise SittingError(f"cannot run {nmt[0]}: {e.strerror} (pass --nmt, or run make install)") from None
         if done.returncode != 0:
             last = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-1]
             raise SittingError(f"nmt bench exited with {done.returncode}: {last}")

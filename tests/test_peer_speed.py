@@ -79,3 +79,15 @@ def test_missing_peer_script_is_one_line(tmp_path):
         done.stderr.strip()
         == f"peer_speed: no peer script at {tmp_path / 'absent.sh'} (pass --peer or set FAIRSEQ_SPEED)"
     )
+
+
+def test_missing_nmt_command_is_one_line(tmp_path):
+    peer = _fake_peer(tmp_path, 'echo "fairseq 0.12 training: 250 target tokens/s"')
+    absent = tmp_path / "no-venv" / "nmt"
+    done = subprocess.run(
+        [sys.executable, str(SCRIPT), "--peer", str(peer), "--nmt", str(absent)], capture_output=True, text=True
+    )
+    assert done.returncode == 1
+    assert done.stderr.strip() == (
+        f"peer_speed: cannot run {absent}: No such file or directory (pass --nmt, or run make install)"
+    )
