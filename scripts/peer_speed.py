@@ -40,6 +40,11 @@ def parse_peer_speed(output: str, command: str) -> float:
     return float(found[-1])
 
 
+def _last_line(done: subprocess.CompletedProcess) -> str:
+    """What a failed command said last: its stderr's last line, else its stdout's."""
+    return (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-1]
+
+
 def summarize(pairs: list[dict]) -> dict:
     """Median and range of the per-pair ratios nmt / peer."""
     ratios = [p["nmt"] / p["peer"] for p in pairs]
@@ -61,8 +66,7 @@ def run_nmt(nmt: list[str], config: str, overrides: list[str], updates: int) -> 
         except OSError as e:
             raise SittingError(f"cannot run {nmt[0]}: {e.strerror} (pass --nmt, or run make install)") from None
         if done.returncode != 0:
-            last = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-1]
-            raise SittingError(f"nmt bench exited with {done.returncode}: {last}")
+            raise SittingError(f"nmt bench exited with {done.returncode}: {_last_line(done)}")
         report = json.loads(out.read_text())
     train = report["training"]
     return {
@@ -78,8 +82,7 @@ def run_nmt(nmt: list[str], config: str, overrides: list[str], updates: int) -> 
 def run_peer(peer: Path, updates: int) -> float:
     done = subprocess.run(["bash", str(peer), str(updates)], capture_output=True, text=True)
     if done.returncode != 0:
-        last = (done.stderr.strip() or done.stdout.strip() or "(no output)").splitlines()[-1]
-        raise SittingError(f"{peer} exited with {done.returncode}: {last}")
+        raise SittingError(f"{peer} exited with {done.returncode}: {_last_line(done)}")
     return parse_peer_speed(done.stdout, str(peer))
 
 
