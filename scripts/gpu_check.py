@@ -220,11 +220,16 @@ def flops(gflops: float) -> str:
     return f"{gflops / 1e3:,.1f} TFLOP/s" if gflops >= 1e3 else f"{gflops:,.1f} GFLOP/s"
 
 
+def has_cpp_compiler() -> bool:
+    """Whether torch.compile's CPU backend finds a C++ compiler on PATH."""
+    return any(shutil.which(c) for c in ("g++", "c++", "clang++"))
+
+
 def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
     """Eager, then compiled (``train.compile``): the last GPU ran eager at 5-10% of the peak, bound by
     the host's operator launches, which compiling fuses; one scarce GPU session measures both."""
     for label, extra in (("eager", []), ("compiled", ["train.compile=true"])):
-        if label == "compiled" and quick and not any(shutil.which(c) for c in ("g++", "c++", "clang++")):
+        if label == "compiled" and quick and not has_cpp_compiler():
             skipped = "skipped: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++ on PATH)"
             report.add("nmt bench, Transformer-base, compiled", None, skipped)
             continue
