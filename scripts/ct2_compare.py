@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from nmt import export  # noqa: E402
+from nmt.autotune import cpu_model_and_flags  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import corpus_scores  # noqa: E402
@@ -36,9 +37,7 @@ from nmt.translate import load_translator  # noqa: E402
 
 
 def cpu_name() -> str:
-    info = Path("/proc/cpuinfo").read_text() if Path("/proc/cpuinfo").exists() else ""
-    model = next((line.split(":", 1)[1].strip() for line in info.splitlines() if line.startswith("model name")), "?")
-    flags = next((line.split(":", 1)[1].split() for line in info.splitlines() if line.startswith("flags")), [])
+    model, _, flags = cpu_model_and_flags()
     units = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
     return f"{model} [{' '.join(units) or 'no AVX-512'}]"
 
