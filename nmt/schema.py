@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import types
 import typing
 from collections.abc import Callable
@@ -92,12 +93,24 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise NMTError(f"config key '{key}': expected a number, got {value!r}")
-        return float(value)
+        return _finite(value, key)
     if tp is str:
         if not isinstance(value, str):
             raise NMTError(f"config key '{key}': expected a string, got {value!r}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def _finite(value: int | float, key: str) -> float:
+    """``value`` as a float. Infinity passes range checks such as "> 0" and NaN would fail them
+    only by accident, so both are refused here, for every float key."""
+    try:
+        number = float(value)
+    except OverflowError:  # an integer beyond the float range
+        raise NMTError(f"config key '{key}': the integer is too large, not a finite number") from None
+    if not math.isfinite(number):
+        raise NMTError(f"config key '{key}': {number!r} is not a finite number")
+    return number
 
 
 def type_name(tp: Any) -> str:

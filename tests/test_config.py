@@ -173,3 +173,29 @@ def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path, text, 
 def test_strings_that_only_resemble_numbers_stay_strings(tmp_path):
     cfg = load_config(write(tmp_path, "name: e5\ndata: {train: 1e5x, dev: b, src_lang: e1}\ntrain: {max_minutes: 5}\n"))
     assert cfg.name == "e5" and cfg.data.src_lang == "e1" and cfg.data.train.path.endswith("1e5x")
+
+
+@pytest.mark.parametrize(
+    "section,key,value",
+    [
+        ("train", "lr_peak", float("inf")),
+        ("train", "max_minutes", float("inf")),
+        ("train", "lr_min", float("nan")),
+        ("train", "betas", [0.9, float("inf")]),
+        ("train", "max_minutes", 10**400),  # an integer too large for a float: "too large, not a finite number"
+        ("model", "dropout", float("-inf")),
+    ],
+)
+def test_float_keys_must_be_finite(section, key, value):
+    values = {**MINIMAL, section: {**MINIMAL.get(section, {}), key: value}}
+    with pytest.raises(NMTError, match=f"'{section}.{key}': .* not a finite number"):
+        config_from_dict(values)
+
+
+def test_infinity_in_a_file_or_override_is_rejected(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1, lr_peak: .inf}\n")
+    with pytest.raises(NMTError, match="'train.lr_peak': inf is not a finite number"):
+        load_config(path)
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1}\n")
+    with pytest.raises(NMTError, match="'train.lr_peak': inf is not a finite number"):
+        load_config(path, ["train.lr_peak=1e400"])
