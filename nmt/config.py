@@ -209,6 +209,12 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.max_updates {t.max_updates}"
         )
+    if t.decay_updates is not None and t.warmup_updates > t.decay_updates:  # the decay would end before it starts
+        raise NMTError(
+            f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.decay_updates {t.decay_updates}"
+        )
+    if t.lr_min > t.lr_peak:  # the schedules decay from lr_peak down to lr_min
+        raise NMTError(f"config key 'train.lr_min': {t.lr_min} exceeds train.lr_peak {t.lr_peak}")
     if t.average_last is not None and t.average_last > t.keep_last:
         raise NMTError(
             f"config key 'train.average_last': {t.average_last} needs train.keep_last >= {t.average_last} "

@@ -164,10 +164,11 @@ def test_model_sections_by_type():
 
 @pytest.mark.parametrize("text,expected", [("5e-4", 5e-4), ("1E3", 1000.0), ("+2.5e-1", 0.25), (".5e1", 5.0)])
 def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path, text, expected):
-    from_file = load_config(write(tmp_path, f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5, lr_min: {text}}}\n"))
+    file_text = f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5, weight_decay: {text}}}\n"
+    from_file = load_config(write(tmp_path, file_text))
     values = copy.deepcopy(MINIMAL)
-    apply_overrides(values, [f"train.lr_min={text}"])
-    assert from_file.train.lr_min == config_from_dict(values).train.lr_min == pytest.approx(expected)
+    apply_overrides(values, [f"train.weight_decay={text}"])
+    assert from_file.train.weight_decay == config_from_dict(values).train.weight_decay == pytest.approx(expected)
 
 
 def test_strings_that_only_resemble_numbers_stay_strings(tmp_path):
@@ -199,3 +200,12 @@ def test_infinity_in_a_file_or_override_is_rejected(tmp_path):
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1}\n")
     with pytest.raises(NMTError, match="'train.lr_peak': inf is not a finite number"):
         load_config(path, ["train.lr_peak=1e400"])
+
+
+def test_train_cross_key_bounds():
+    with pytest.raises(NMTError, match=r"'train.lr_min': 1.0 exceeds train.lr_peak 0.0007"):
+        config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "lr_peak": 7e-4, "lr_min": 1.0}})
+    with pytest.raises(NMTError, match="'train.warmup_updates': 8 exceeds train.decay_updates 5"):
+        config_from_dict({**MINIMAL, "train": {"max_minutes": 5, "warmup_updates": 8, "decay_updates": 5}})
+    same = config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "lr_peak": 1e-3, "lr_min": 1e-3}})
+    assert same.train.lr_min == same.train.lr_peak  # a flat rate after warmup is allowed
