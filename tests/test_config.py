@@ -5,9 +5,10 @@ from pathlib import Path
 
 import pytest
 
+from nmt.batching import make_batch
 from nmt.config import Config, apply_overrides, config_from_dict, config_yaml, load_config
 from nmt.errors import NMTError
-from nmt.models import RNNConfig, TransformerConfig
+from nmt.models import RNNConfig, TransformerConfig, build_model
 
 MINIMAL = {"data": {"train": "d/train", "dev": "d/dev"}, "train": {"max_updates": 10, "warmup_updates": 2}}
 
@@ -209,3 +210,22 @@ def test_train_cross_key_bounds():
         config_from_dict({**MINIMAL, "train": {"max_minutes": 5, "warmup_updates": 8, "decay_updates": 5}})
     same = config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "lr_peak": 1e-3, "lr_min": 1e-3}})
     assert same.train.lr_min == same.train.lr_peak  # a flat rate after warmup is allowed
+
+
+def test_learned_positions_must_cover_the_longest_training_pair():
+    """A pair of data.max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
+    decoder input): the model must have that many, or training fails at the first long batch."""
+    model = {"positions": "learned", "max_positions": 16, "d_model": 32, "heads": 4, "ff_size": 32}
+    data = {**MINIMAL["data"], "max_len": 64}
+    with pytest.raises(NMTError, match="'model.max_positions': 16 must exceed data.max_len 64"):
+        config_from_dict({**MINIMAL, "data": data, "model": model})
+    with pytest.raises(NMTError, match="'model.max_positions': 64 must exceed data.max_len 64"):
+        config_from_dict({**MINIMAL, "data": data, "model": {**model, "max_positions": 64}})
+    cfg = config_from_dict({**MINIMAL, "data": data, "model": {**model, "max_positions": 65}})
+    longest = [[5] * 64]
+    batch = make_batch(longest, longest, [0], pad_id=0, bos_id=1, eos_id=2)
+    out = build_model(cfg.model, 10, 10, pad_id=0)(batch.src, batch.src_mask, batch.trg_in)
+    assert out.shape[1] == 65
+    # Sinusoids are computed for any length: no bound to check.
+    sinusoidal = {**model, "positions": "sinusoidal"}
+    assert config_from_dict({**MINIMAL, "data": data, "model": sinusoidal}).model.max_positions == 16
