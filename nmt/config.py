@@ -100,7 +100,9 @@ class Config:
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 _PROBABILITY = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
+_TORCH_SEED = (lambda v: -(2**63) <= v <= 2**64 - 1, "must be in [-2**63, 2**64 - 1] (what torch.manual_seed accepts)")
 _RANGES: dict[str, tuple[Any, str]] = {
+    "seed": _TORCH_SEED,
     "data.max_len": _POSITIVE,
     "data.max_len_ratio": _POSITIVE,
     "data.synthetic_train_pairs": _POSITIVE,

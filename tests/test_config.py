@@ -229,3 +229,17 @@ def test_learned_positions_must_cover_the_longest_training_pair():
     # Sinusoids are computed for any length: no bound to check.
     sinusoidal = {**model, "positions": "sinusoidal"}
     assert config_from_dict({**MINIMAL, "data": data, "model": sinusoidal}).model.max_positions == 16
+
+
+def test_seed_in_the_range_torch_accepts():
+    import torch
+
+    lowest, highest = -(2**63), 2**64 - 1
+    for seed in (lowest, highest):
+        torch.Generator().manual_seed(seed)  # accepted by torch: so by the config too
+        assert config_from_dict({**MINIMAL, "seed": seed}).seed == seed
+    for seed in (lowest - 1, highest + 1, 99999999999999999999):
+        with pytest.raises((RuntimeError, ValueError)):
+            torch.Generator().manual_seed(seed)
+        with pytest.raises(NMTError, match=f"config key 'seed': {seed} must be in"):
+            config_from_dict({**MINIMAL, "seed": seed})
