@@ -108,6 +108,10 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "data.synthetic_train_pairs": _POSITIVE,
     "data.shard_pairs": _POSITIVE,
     "data.workers": _POSITIVE,
+    # a negative count would slice ("all but the last n"), not limit
+    "data.train.max_pairs": _POSITIVE,
+    "data.dev.max_pairs": _POSITIVE,
+    "data.test.max_pairs": _POSITIVE,
     "tokenizer.vocab_size": (lambda v: v >= 16, "must be >= 16"),
     "tokenizer.character_coverage": (lambda v: 0.9 <= v <= 1.0, "must be in [0.9, 1]"),
     "tokenizer.input_sentence_size": _POSITIVE,

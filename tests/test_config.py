@@ -243,3 +243,13 @@ def test_seed_in_the_range_torch_accepts():
             torch.Generator().manual_seed(seed)
         with pytest.raises(NMTError, match=f"config key 'seed': {seed} must be in"):
             config_from_dict({**MINIMAL, "seed": seed})
+
+
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+@pytest.mark.parametrize("value", [-5, 0])
+def test_max_pairs_must_be_positive(split, value):
+    """A negative count would slice off the end of the corpus ('all but the last 5'), 0 read nothing."""
+    values = copy.deepcopy(MINIMAL)
+    apply_overrides(values, [f"data.{split}.path=d/{split}", f"data.{split}.max_pairs={value}"])
+    with pytest.raises(NMTError, match=f"config key 'data.{split}.max_pairs': {value} must be > 0"):
+        config_from_dict(values)
