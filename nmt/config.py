@@ -333,6 +333,45 @@ def _fix_yaml_floats(node: Any) -> Any:
     return _yaml_number(node)
 
 
+def _first_duplicate_key(root: yaml.Node) -> tuple[str, yaml.Mark] | None:
+    """The dotted name and position of a key that repeats one earlier in its mapping, if any.
+    A YAML loader keeps the last of them silently; a config must not."""
+    pending, seen_nodes = [(root, "")], set()
+    while pending:
+        node, prefix = pending.pop(0)
+        if id(node) in seen_nodes:  # an alias may point back at a node already walked
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((item, prefix) for item in node.value)
+        if not isinstance(node, yaml.MappingNode):
+            continue
+        keys = set()
+        for key_node, value_node in node.value:
+            if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # a merge key ('<<') may repeat; explicit keys override what it merges
+            dotted = f"{prefix}.{key_node.value}" if prefix else key_node.value
+            if (key_node.tag, key_node.value) in keys:
+                return dotted, key_node.start_mark
+            keys.add((key_node.tag, key_node.value))
+            pending.append((value_node, dotted))
+    return None
+
+
+def _load_unique_keys(path: Path, text: str) -> Any:
+    """``yaml.safe_load(text)``, refusing a key given twice in one mapping."""
+    loader = yaml.SafeLoader(text)
+    try:
+        root = loader.get_single_node()
+        duplicate = None if root is None else _first_duplicate_key(root)
+        if duplicate is not None:
+            key, mark = duplicate
+            raise NMTError(f"{path}: line {mark.line + 1}, column {mark.column + 1}: duplicate key '{key}'")
+        return None if root is None else loader.construct_document(root)
+    finally:
+        loader.dispose()
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     try:
@@ -346,7 +385,7 @@ def read_yaml(path: str | Path) -> dict:
     except UnicodeDecodeError as e:
         raise NMTError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
     try:
-        values = yaml.safe_load(text)
+        values = _load_unique_keys(path, text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -253,3 +253,21 @@ def test_max_pairs_must_be_positive(split, value):
     apply_overrides(values, [f"data.{split}.path=d/{split}", f"data.{split}.max_pairs={value}"])
     with pytest.raises(NMTError, match=f"config key 'data.{split}.max_pairs': {value} must be > 0"):
         config_from_dict(values)
+
+
+def test_duplicate_keys_in_a_file_are_an_error_naming_the_line(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 3, max_updates: 5}\n")
+    with pytest.raises(NMTError, match=r"c.yaml: line 2, column 25: duplicate key 'train.max_updates'"):
+        load_config(path)
+    path = write(tmp_path, "train:\n  max_updates: 3\ndata: {train: a, dev: b}\ntrain:\n  max_minutes: 5\n")
+    with pytest.raises(NMTError, match=r"c.yaml: line 4, column 1: duplicate key 'train'"):
+        load_config(path)
+    merged = "data:\n  train: a\n  dev: &dev {path: b}\n  test: {<<: *dev, max_pairs: 3}\ntrain: {max_minutes: 5}\n"
+    path = write(tmp_path, merged)
+    assert load_config(path).data.test.max_pairs == 3  # a merge key is no duplicate
+
+
+def test_repeated_set_overrides_keep_the_last():
+    values = copy.deepcopy(MINIMAL)
+    apply_overrides(values, ["train.max_updates=3", "train.max_updates=5"])
+    assert config_from_dict(values).train.max_updates == 5
