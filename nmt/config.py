@@ -104,7 +104,8 @@ _TORCH_SEED = (lambda v: -(2**63) <= v <= 2**64 - 1, "must be in [-2**63, 2**64 
 _RANGES: dict[str, tuple[Any, str]] = {
     "seed": _TORCH_SEED,
     "data.max_len": _POSITIVE,
-    "data.max_len_ratio": _POSITIVE,
+    # the filter compares max(src/trg, trg/src), never below 1: a smaller bound drops every pair
+    "data.max_len_ratio": (lambda v: v >= 1.0, "must be >= 1"),
     "data.synthetic_train_pairs": _POSITIVE,
     "data.shard_pairs": _POSITIVE,
     "data.workers": _POSITIVE,

@@ -7,6 +7,7 @@ import pytest
 
 from nmt.batching import make_batch
 from nmt.config import Config, apply_overrides, config_from_dict, config_yaml, load_config
+from nmt.corpus import filter_by_length
 from nmt.errors import NMTError
 from nmt.models import RNNConfig, TransformerConfig, build_model
 
@@ -85,6 +86,7 @@ def test_unknown_section(tmp_path):
         ("train", "betas", [0.9], "train.betas': expected a list of 2"),
         ("model", "tie_output", "yes", "model.tie_output': expected true or false"),
         ("tokenizer", "vocab_size", 3, "tokenizer.vocab_size': 3 must be >= 16"),
+        ("data", "max_len_ratio", 0.5, "data.max_len_ratio': 0.5 must be >= 1"),  # the longer/shorter ratio is >= 1
     ],
 )
 def test_wrong_type_or_range(section, key, value, message):
@@ -271,3 +273,9 @@ def test_repeated_set_overrides_keep_the_last():
     values = copy.deepcopy(MINIMAL)
     apply_overrides(values, ["train.max_updates=3", "train.max_updates=5"])
     assert config_from_dict(values).train.max_updates == 5
+
+
+def test_max_len_ratio_of_one_keeps_the_pairs_of_equal_length():
+    ratio = config_from_dict({**MINIMAL, "data": {**MINIMAL["data"], "max_len_ratio": 1}}).data.max_len_ratio
+    kept, _ = filter_by_length([3, 3, 4], [3, 4, 3], max_len=10, max_ratio=ratio)
+    assert kept == [0]
