@@ -405,13 +405,31 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
     Relative paths in the file are read against the file's directory; those given with ``--set``
     against the working directory. The Config holds them absolute.
     """
-    path = Path(path)
+    path, overrides = Path(path), overrides or []
     values = read_yaml(path)
-    command_line = apply_overrides(values, overrides or [])
+    command_line = apply_overrides(values, overrides)
     try:
         return config_from_dict(values, path.absolute().parent, command_line)
     except NMTError as e:
-        raise NMTError(f"{path}: {e}") from None
+        raise NMTError(f"{_error_source(str(e), path, overrides)}: {e}") from None
+
+
+# A config error starts by naming its key ("config key 'train.lr_peak': ..."), so the key says where
+# the bad value came from: a --set or the file.
+_ERROR_KEY = re.compile(r"(?:unknown )?config key '([^']+)'")
+
+
+def _error_source(message: str, path: Path, overrides: list[str]) -> str:
+    """``--set KEY=VALUE`` when the key the error names was given (or lies in a section given) on
+    the command line, the last such --set winning as it does for the value; else the file."""
+    match = _ERROR_KEY.match(message)
+    if match is not None:
+        key = match.group(1)
+        for text in reversed(overrides):
+            given = ".".join(parse_override(text)[0])
+            if key == given or key.startswith(given + ".") or given.startswith(key + "."):
+                return f"--set {text}"
+    return str(path)
 
 
 def config_to_dict(cfg: Config) -> dict:

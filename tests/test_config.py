@@ -279,3 +279,18 @@ def test_max_len_ratio_of_one_keeps_the_pairs_of_equal_length():
     ratio = config_from_dict({**MINIMAL, "data": {**MINIMAL["data"], "max_len_ratio": 1}}).data.max_len_ratio
     kept, _ = filter_by_length([3, 3, 4], [3, 4, 3], max_len=10, max_ratio=ratio)
     assert kept == [0]
+
+
+def test_errors_name_the_set_override_that_gave_the_bad_value(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1}\n")
+    with pytest.raises(NMTError, match=r"^--set train.max_updates=abc: config key 'train.max_updates': expected an"):
+        load_config(path, ["train.lr_peak=0.1", "train.max_updates=abc"])
+    with pytest.raises(NMTError, match=r"^--set train.lr_pek=1: unknown config key 'train.lr_pek'"):
+        load_config(path, ["train.lr_pek=1"])
+    with pytest.raises(NMTError, match=r"^--set data.dev={path: b, max_pairs: -5}: config key 'data.dev.max_pairs'"):
+        load_config(path, ["data.dev={path: b, max_pairs: -5}"])
+    with pytest.raises(NMTError, match=r"^--set train.max_updates=0: config key 'train.max_updates': 0 must be"):
+        load_config(path, ["train.max_updates=abc", "train.max_updates=0"])  # the last --set of a key counts
+    bad_file = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: abc}\n")
+    with pytest.raises(NMTError, match=r"^\S*c.yaml: config key 'train.max_updates': expected an integer"):
+        load_config(bad_file, ["train.lr_peak=0.1", "train.max_minutes=5"])
