@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
@@ -42,11 +43,13 @@ def cmd_prepare(args: argparse.Namespace) -> int:
         data = prepare(cfg, run, log)
         seconds = time.perf_counter() - start
         data.train.close()
+        run.write_config(cfg)  # only once prepared: a failed start leaves the run's config as it was
     finally:
         run.close()
+    train = shlex.join(["nmt", "train", "--config", args.config, *(a for kv in args.set for a in ("--set", kv))])
     log(
         f"prepared {len(data.train)} training pairs in {seconds:.1f} s "
-        f"({len(data.train) / max(seconds, 1e-9):.0f} pairs/s); 'nmt train --config {args.config}' reuses them"
+        f"({len(data.train) / max(seconds, 1e-9):.0f} pairs/s); '{train}' reuses them"
     )
     return 0
 

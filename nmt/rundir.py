@@ -78,17 +78,23 @@ class RunLock:
             self._fd = None
 
 
-def check_resumable(old: Config, new: Config) -> None:
-    """Refuse a config whose model or vocabulary differs from the one the run was trained with."""
+def config_differences(old: Config, new: Config, sections: tuple[str, ...], data_keys: tuple[str, ...]) -> list[str]:
+    """'section.key: old -> new' for every key of ``sections`` and ``data.<data_keys>`` that differs."""
     a, b = config_to_dict(old), config_to_dict(new)
     diffs = []
-    for section in _FROZEN_SECTIONS:
+    for section in sections:
         for key in sorted(set(a[section]) | set(b[section])):
             if a[section].get(key) != b[section].get(key):
                 diffs.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
-    for key in _FROZEN_DATA_KEYS:
+    for key in data_keys:
         if a["data"][key] != b["data"][key]:
             diffs.append(f"data.{key}: {a['data'][key]!r} -> {b['data'][key]!r}")
+    return diffs
+
+
+def check_resumable(old: Config, new: Config) -> None:
+    """Refuse a config whose model or vocabulary differs from the one the run was trained with."""
+    diffs = config_differences(old, new, _FROZEN_SECTIONS, _FROZEN_DATA_KEYS)
     if diffs:
         raise NMTError(
             "cannot resume: the config changed what the checkpoint was trained with ("
@@ -239,8 +245,10 @@ class RunDir:
     # -- writing
 
     def open_for_training(self, cfg: Config, config_file: Path | None, log: Callable[[str], None]) -> None:
-        """Make this process the run's one writer: create the directory, take the lock, refuse a
-        config that cannot resume the run, and record the resolved config.
+        """Make this process the run's one writer: create the directory, take the lock, and refuse a
+        config that cannot resume the run's checkpoints. The caller records the config
+        (``write_config``) once its data is prepared and its checkpoint loaded, so a start that
+        fails leaves the run's config.yaml, and the command that resumes it, as they were.
 
         The config a user wrote is never rewritten: ``run_dir`` may not be the directory of the
         config file given, unless that file is the run's own resolved config (a resume).
@@ -264,8 +272,24 @@ class RunDir:
                 raise NMTError(
                     f"{self.config_path}: exists and was not written by 'nmt train'; move it or choose another run_dir"
                 )
-            check_resumable(self.config(), cfg)
-        self.write_config(cfg)
+            if self.has_checkpoints():
+                check_resumable(self.config(), cfg)
+            else:
+                self._drop_stale_tokenizers(self.config(), cfg, log)
+
+    def has_checkpoints(self) -> bool:
+        return self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.glob("*.pt"))
+
+    def _drop_stale_tokenizers(self, old: Config, new: Config, log: Callable[[str], None]) -> None:
+        """Before the first checkpoint any key may change (a first start that failed on a bad value
+        is fixed by changing it); SentencePiece models made for other tokenizer settings, languages
+        or training text are deleted, to be trained again."""
+        diffs = config_differences(old, new, ("tokenizer",), ("src_lang", "trg_lang", "train"))
+        stale = [p for p in set(self.tokenizer_paths(old)) if p.exists()]
+        if diffs and stale:
+            log(f"no checkpoint yet and the config changed ({'; '.join(diffs)}): training SentencePiece again")
+            for path in stale:
+                path.unlink()
 
     def lock(self, log: Callable[[str], None]) -> None:
         """Become the run's writer without training it (``nmt average`` adds a checkpoint)."""

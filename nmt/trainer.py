@@ -35,6 +35,16 @@ from nmt.schedule import learning_rate
 from nmt.translate import Translator
 
 
+def resumed_position(epoch: int, done: int, saved_batches: int, batches: int) -> tuple[int, int]:
+    """(epoch, batch) to resume at when ``done`` of the epoch's ``saved_batches`` were consumed and
+    its plan now has ``batches``: the same place when the plan is unchanged, else the same fraction
+    of the epoch (the next epoch once that is all of it). ``saved_batches`` 0 means unknown."""
+    if saved_batches in (0, batches) and done < batches:
+        return epoch, done
+    at = round(done * batches / saved_batches) if saved_batches else batches
+    return (epoch + 1, 0) if at >= batches else (epoch, at)
+
+
 @dataclass
 class Progress:
     """Everything about where training stands, saved in every checkpoint."""
@@ -42,6 +52,7 @@ class Progress:
     update: int = 0
     epoch: int = 1
     batch_in_epoch: int = 0  # batches of this epoch already consumed
+    epoch_batches: int = 0  # batches in this epoch's plan (0: not known, a checkpoint of an earlier version)
     best_bleu: float = -1.0
     best_update: int = 0
     bad_validations: int = 0  # validations since the last new best (early stopping)
@@ -143,6 +154,8 @@ class Trainer:
         self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision)
         if resume:
             self._resume()
+        if world.is_main:  # the run's config.yaml changes only once the run has started with it
+            self.run.write_config(cfg)
         self.ddp = None
         if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
             from torch.nn.parallel import DistributedDataParallel
@@ -193,6 +206,14 @@ class Trainer:
         self.log(
             f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}"
         )
+        batches = len(self.epoch_plan())
+        moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
+        if moved != (p.epoch, p.batch_in_epoch):
+            self.log(
+                f"the epoch now has {batches} batches, not {p.epoch_batches or 'as many as'} (train.max_tokens or the "
+                f"training data changed): continuing at epoch {moved[0]}, batch {moved[1]}"
+            )
+            p.epoch, p.batch_in_epoch = moved
 
     # -- the data of an epoch ---------------------------------------------------------------
 

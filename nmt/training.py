@@ -76,8 +76,9 @@ def run_loop(trainer: Trainer) -> str:
             group = plan[p.batch_in_epoch : p.batch_in_epoch + per_update]
             stats = trainer.train_step(group)
             p.batch_in_epoch += len(group)
+            p.epoch_batches = len(plan)
             if p.batch_in_epoch >= len(plan):
-                p.epoch, p.batch_in_epoch = p.epoch + 1, 0
+                p.epoch, p.batch_in_epoch, p.epoch_batches = p.epoch + 1, 0, 0
             p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
             if trainer.world.enabled:  # one clock and one signal for all ranks, so they stop together
                 p.elapsed_seconds, signum = distributed.all_reduce(

@@ -5,6 +5,8 @@ from conftest import tiny_config
 
 from nmt import checkpoint
 from nmt.cli import main
+from nmt.tokenizer import Tokenizer
+from nmt.trainer import resumed_position
 
 
 def final_weights(run_dir):
@@ -15,10 +17,12 @@ def final_weights(run_dir):
 def test_stop_and_resume_equals_uninterrupted(tmp_path):
     # Dropout on, so the random-number state must be restored too; several epochs, so the
     # data order of a later epoch must continue as it would have.
+    # One thread in both: ``auto`` measured on a busy machine may choose another count for each
+    # run, and sums over other thread counts round differently.
+    overrides = ["--set", "model.dropout=0.1", "--set", "train.threads=1"]
     straight = tiny_config(tmp_path / "a", max_updates=40, validate_every=10, max_tokens=128)
-    assert main(["train", "--config", str(straight), "--set", "model.dropout=0.1"]) == 0
+    assert main(["train", "--config", str(straight), *overrides]) == 0
     resumed = tiny_config(tmp_path / "b", max_updates=40, validate_every=10, max_tokens=128)
-    overrides = ["--set", "model.dropout=0.1"]
     assert main(["train", "--config", str(resumed), *overrides, "--set", "train.max_updates=17"]) == 0
     assert main(["train", "--config", str(resumed), *overrides]) == 0
     update_a, weights_a = final_weights(tmp_path / "a" / "run")
@@ -34,3 +38,65 @@ def test_changed_model_is_refused_on_resume(tmp_path, capsys):
     assert main(["train", "--config", str(config), "--set", "model.d_model=32"]) == 2
     err = capsys.readouterr().err
     assert "cannot resume" in err and "model.d_model: 64 -> 32" in err
+
+
+def test_resumed_position_keeps_the_place_in_an_unchanged_epoch():
+    assert resumed_position(3, 7, 10, 10) == (3, 7)
+    assert resumed_position(3, 7, 0, 10) == (3, 7)  # a checkpoint that did not record the plan's size
+
+
+def test_resumed_position_keeps_the_fraction_of_a_changed_epoch():
+    assert resumed_position(3, 6, 10, 5) == (3, 3)  # twice the batch size: half as many batches
+    assert resumed_position(3, 9, 10, 4) == (4, 0)  # round(3.6) = 4: all of it
+    assert resumed_position(3, 10, 20, 40) == (3, 20)
+    assert resumed_position(2, 19, 20, 8) == (3, 0)  # round(7.6) = 8: the epoch is done
+    assert resumed_position(2, 9, 0, 4) == (3, 0)  # unknown size, past the end of the new plan
+
+
+def test_resume_with_bigger_batches_goes_on_where_the_old_ones_left_off(tmp_path, capsys):
+    # Small batches, stopped late in the first epoch; one batch then holds the whole corpus, so the
+    # saved batch index lies past the end of the new plan.
+    config = tiny_config(tmp_path, max_updates=3, validate_every=100, max_tokens=40, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    assert state["epoch"] == 1 and state["batch_in_epoch"] == 3 and state["epoch_batches"] > 3
+    capsys.readouterr()
+    bigger = ["--set", "train.max_tokens=1024", "--set", "train.max_updates=12"]
+    assert main(["train", "--config", str(config), *bigger]) == 0
+    err = capsys.readouterr().err
+    assert "train.max_tokens or the training data changed" in err and "ZeroDivision" not in err
+    update, _ = final_weights(tmp_path / "run")
+    assert update == 12
+
+
+def final_path(run_dir):
+    [latest, *_] = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
+    return latest.path
+
+
+def test_a_failed_resume_leaves_the_run_config_as_it_was(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=2)
+    assert main(["train", "--config", str(config)]) == 0
+    saved = (tmp_path / "run" / "config.yaml").read_bytes()
+    missing = ["--set", f"data.train={tmp_path / 'nowhere'}", "--set", "train.max_updates=9"]
+    assert main(["train", "--config", str(tmp_path / "run" / "config.yaml"), *missing]) == 2
+    assert "nowhere" in capsys.readouterr().err
+    assert (tmp_path / "run" / "config.yaml").read_bytes() == saved
+
+
+def test_before_the_first_checkpoint_a_failed_start_can_be_fixed_in_place(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["train", "--config", str(config), "--set", "tokenizer.vocab_size=50000"]) == 2
+    assert "vocab_size" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "--set", "tokenizer.vocab_size=70"]) == 0
+    assert "cannot resume" not in capsys.readouterr().err
+
+
+def test_a_tokenizer_made_for_other_settings_is_trained_again_before_the_first_checkpoint(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["prepare", "--config", str(config)]) == 0
+    first = (tmp_path / "run" / "spm.model").read_bytes()
+    assert main(["train", "--config", str(config), "--set", "tokenizer.vocab_size=70"]) == 0
+    assert "training SentencePiece again" in capsys.readouterr().err
+    assert (tmp_path / "run" / "spm.model").read_bytes() != first
+    assert Tokenizer.load(tmp_path / "run" / "spm.model").vocab_size == 70
