@@ -276,7 +276,10 @@ class ShardedCorpus:
                 try:
                     size = path.stat().st_size
                     if size != meta["bytes"][key]:
-                        raise NMTError(f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?)")
+                        raise NMTError(
+                            f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?); "
+                            f"delete {directory} and prepare again"
+                        )
                     files[key] = _NpyReader(path)
                 except (OSError, ValueError) as e:
                     raise NMTError(f"{path}: unreadable shard ({e}); delete {directory} and prepare again") from None

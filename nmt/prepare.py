@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -123,9 +124,16 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
     fingerprint = _fingerprint(cfg, tok_paths)
     index = read_index(directory)
     if index is not None and index.get("fingerprint") == fingerprint:
-        corpus = ShardedCorpus(directory)
-        log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
-        return corpus
+        try:
+            corpus = ShardedCorpus(directory)
+        except NMTError as damage:
+            if not run.writable:  # only the run's writer may delete and rebuild them
+                raise
+            log(f"train: {damage}; encoding the training data again")
+            shutil.rmtree(directory)
+        else:
+            log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
+            return corpus
     workers = d.workers or os.cpu_count() or 1
     spec = ShardSpec(
         directory=str(directory),

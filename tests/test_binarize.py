@@ -167,7 +167,29 @@ def test_truncated_shard_is_refused_with_its_name(tmp_path):
     victim.write_bytes(victim.read_bytes()[:-10])
     with pytest.raises(NMTError) as err:
         bz.ShardedCorpus(victim.parent)
-    assert str(victim) in str(err.value) and "truncated" in str(err.value)
+    assert str(victim) in str(err.value) and "truncated" in str(err.value) and "prepare again" in str(err.value)
+
+
+def test_the_run_writer_encodes_damaged_shards_again(tmp_path):
+    cfg = _config(tmp_path, 250)
+    run = RunDir(cfg.run_dir)
+    first = prepare(cfg, run, lambda m: None).train
+    expected = first.pairs(range(len(first)))
+    first.close()
+    victim = run.train_data_dir / "shard-00001.trg.npy"
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(NMTError, match="truncated"):  # a reader (another rank) may not touch them
+        prepare(cfg, run, lambda m: None)
+    logged = []
+    run.lock(logged.append)
+    try:
+        again = prepare(cfg, run, logged.append).train
+        assert any("truncated" in m and "encoding the training data again" in m for m in logged)
+        got = again.pairs(range(len(again)))
+        assert all(np.array_equal(a, b) for side in (0, 1) for a, b in zip(got[side], expected[side], strict=True))
+        again.close()
+    finally:
+        run.close()
 
 
 def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
