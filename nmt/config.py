@@ -396,7 +396,10 @@ def read_yaml(path: str | Path) -> dict:
         raise NMTError(f"{path}: the config file is empty")
     if not isinstance(values, dict):
         raise NMTError(f"{path}: the top level must be a mapping of sections")
-    return _fix_yaml_floats(values)
+    try:
+        return _fix_yaml_floats(values)
+    except RecursionError:  # an anchor inside itself (a: &x [*x]) makes an endless value
+        raise NMTError(f"{path}: a YAML alias refers to a value that contains it (recursive anchor)") from None
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:

@@ -269,6 +269,12 @@ def test_duplicate_keys_in_a_file_are_an_error_naming_the_line(tmp_path):
     assert load_config(path).data.test.max_pairs == 3  # a merge key is no duplicate
 
 
+def test_a_recursive_yaml_anchor_is_a_one_line_error(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\nextra: &x [*x]\n")
+    with pytest.raises(NMTError, match=r"c.yaml: a YAML alias refers to a value that contains it"):
+        load_config(path)
+
+
 def test_repeated_set_overrides_keep_the_last():
     values = copy.deepcopy(MINIMAL)
     apply_overrides(values, ["train.max_updates=3", "train.max_updates=5"])
