@@ -120,12 +120,15 @@ def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[Chunk]:
 
 
 def plain_paths(prefix: str, lang: str) -> list[Path]:
-    """Candidate files for one side of a plain corpus, preferred first."""
+    """Candidate files for one side of a plain corpus: plain text or gzip, never both."""
     return [Path(f"{prefix}.{lang}"), Path(f"{prefix}.{lang}.gz")]
 
 
 def _existing_plain_file(prefix: str, lang: str) -> Path | None:
-    return next((p for p in plain_paths(prefix, lang) if p.exists()), None)
+    found = [p for p in plain_paths(prefix, lang) if p.exists()]
+    if len(found) > 1:  # both prefix.de and prefix.de.gz: which one is the data is not ours to guess
+        raise NMTError(f"{found[0]} and {found[1]} both exist: which one is the corpus? Move the other away")
+    return found[0] if found else None
 
 
 def _plain_file(prefix: str, lang: str) -> Path:

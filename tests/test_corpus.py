@@ -138,6 +138,16 @@ def test_plain_prefix_with_mixed_gzip(tmp_path):
     assert read_parallel(spec, "de", "en") == (DE, EN)
 
 
+def test_a_side_in_both_plain_and_gzip_is_refused_not_guessed(tmp_path):
+    _write(tmp_path / "train.de", DE)
+    _write(tmp_path / "train.de.gz", DE[:1], gz=True)
+    _write(tmp_path / "train.en", EN)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "train")), "de", "en")
+    message = _one_line(err)
+    assert f"{tmp_path / 'train.de'} and {tmp_path / 'train.de.gz'} both exist" in message
+
+
 def test_plain_max_pairs(tmp_path):
     _write(tmp_path / "c.de", DE)
     _write(tmp_path / "c.en", EN)
