@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
+from collections.abc import Callable
+from typing import Any
 
 from nmt import commands
 from nmt.errors import NMTError
@@ -19,22 +22,32 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def _non_negative_float(text: str) -> float:
+def _finite_float(text: str) -> float:
+    """A number; float() also reads 'nan', 'inf' and '1e999', which no option means."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    value = _finite_float(text)
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
     return value
 
 
-def _number_list(kind: type):
+def _number_list(number: Callable[[str], Any]):
+    """Comma-separated values, each read by ``number`` (one of the types above)."""
+
     def parse(text: str) -> list:
-        try:
-            return [kind(x) for x in text.split(",") if x.strip()]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}") from None
+        values = [number(x.strip()) for x in text.split(",") if x.strip()]
+        if not values:
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
+        return values
 
     return parse
 
@@ -157,9 +170,12 @@ def _tune_parser(sub) -> None:
     )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     beams, penalties = ",".join(map(str, BEAM_SIZES)), ",".join(map(str, LENGTH_PENALTIES))
-    p.add_argument("--beam-sizes", type=_number_list(int), default=list(BEAM_SIZES), help=f"default {beams}")
+    p.add_argument("--beam-sizes", type=_number_list(_positive_int), default=list(BEAM_SIZES), help=f"default {beams}")
     p.add_argument(
-        "--length-penalties", type=_number_list(float), default=list(LENGTH_PENALTIES), help=f"default {penalties}"
+        "--length-penalties",
+        type=_number_list(_non_negative_float),
+        default=list(LENGTH_PENALTIES),
+        help=f"default {penalties}",
     )
     p.add_argument("--checkpoint", default="auto", help="which checkpoint to tune for (see translate)")
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")

@@ -10,6 +10,7 @@ changes which hypotheses survive, not only how the finished ones rank.
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -34,7 +35,9 @@ def best_trial(trials: list[Trial]) -> Trial:
 
 
 def grid(translate: Callable[[DecodeConfig], list[str]], refs: list[str], base: DecodeConfig, beams, penalties, log):
-    """Every (beam size, penalty) pair scored on dev; beam 1 is greedy, so only one penalty for it."""
+    """Every (beam size, penalty) pair scored on dev, each once (a repeated value is tried at its
+    first place); beam 1 is greedy, so only one penalty for it."""
+    beams, penalties = list(dict.fromkeys(beams)), list(dict.fromkeys(penalties))
     trials = []
     for beam in beams:
         for alpha in penalties if beam > 1 else penalties[:1]:
@@ -48,8 +51,9 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
     from nmt.translate import load_translator
 
-    if any(b < 1 for b in beams) or any(a < 0 for a in penalties):
-        raise NMTError("tune-decode: beam sizes must be >= 1 and length penalties >= 0")
+    good_penalties = penalties and all(math.isfinite(a) and a >= 0 for a in penalties)
+    if not beams or any(b < 1 for b in beams) or not good_penalties:
+        raise NMTError("tune-decode: beam sizes must be >= 1 and length penalties finite numbers >= 0")
     cfg = run.config()
     run.lock(log)
     try:

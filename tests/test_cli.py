@@ -1,6 +1,7 @@
 """End to end through the `nmt` command: overfit a handful of pairs to BLEU 100, score with
 sacreBLEU's own numbers, and turn every kind of bad input into a one-line error."""
 
+import argparse
 import json
 import subprocess
 import sys
@@ -11,7 +12,7 @@ import sacrebleu
 import yaml
 from conftest import PAIRS, tiny_config
 
-from nmt.cli import main
+from nmt.cli import build_parser, main
 
 
 def run_cli(args, capsys):
@@ -269,3 +270,41 @@ def test_relative_paths_in_a_config_follow_it_from_any_directory(tmp_path):
     assert not any(elsewhere.iterdir())
     saved = yaml.safe_load((tmp_path / "project" / "runs" / "tiny" / "config.yaml").read_text())
     assert saved["run_dir"] == "." and saved["data"]["train"]["path"] == str(tmp_path / "project" / "data" / "train")
+
+
+def _typed_options(parser: argparse.ArgumentParser):
+    """Every option of every subcommand that converts its value (``type=``)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in action.choices.values():
+                yield from _typed_options(sub)
+        elif action.option_strings and action.type is not None:
+            yield action
+
+
+def _reads_floats(action) -> bool:
+    try:
+        value = action.type("0.5")
+    except (argparse.ArgumentTypeError, ValueError):
+        return False
+    return isinstance(value, float) or (isinstance(value, list) and isinstance(value[0], float))
+
+
+def test_every_float_option_refuses_nan_and_inf():
+    floats = [action for action in _typed_options(build_parser()) if _reads_floats(action)]
+    assert {"--length-penalty", "--max-len-a", "--length-penalties"} <= {a.option_strings[0] for a in floats}
+    for action in floats:
+        for bad in ("nan", "inf", "-inf", "1e999"):
+            with pytest.raises(argparse.ArgumentTypeError, match="finite"):
+                action.type(bad)
+
+
+def test_nan_length_penalty_is_a_one_line_error(tmp_path, capsys):
+    argv = ["translate", "--model", tmp_path, "--length-penalty", "nan", "--beam-size", "4", "--nbest", "2"]
+    with pytest.raises(SystemExit) as exit_:
+        main([str(a) for a in argv])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        "nmt translate: error: argument --length-penalty: expected a finite number, got 'nan'"
+    ]

@@ -1,13 +1,17 @@
 """nmt tune-decode: the grid on dev, the winner written into the run's config."""
 
 import json
+import math
 
+import pytest
 import yaml
 from conftest import tiny_config
 
 from nmt.cli import main
+from nmt.config import DecodeConfig
+from nmt.errors import NMTError
 from nmt.rundir import RunDir
-from nmt.tune_decode import Trial, best_trial
+from nmt.tune_decode import Trial, best_trial, grid, tune_decode
 
 
 def test_best_trial_prefers_bleu_then_a_smaller_beam_then_a_penalty_near_one():
@@ -31,5 +35,28 @@ def test_tune_decode_writes_the_winner_into_the_run_config(tmp_path, capsys):
     assert (cfg.decode.beam_size, cfg.decode.length_penalty) == (chosen.beam_size, chosen.length_penalty)
     after = yaml.safe_load((run / "config.yaml").read_text())
     assert {k: v for k, v in after.items() if k != "decode"} == {k: v for k, v in before.items() if k != "decode"}
-    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "0"]) == 2
-    assert "beam sizes must be >= 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["tune-decode", "--model", str(run), "--beam-sizes", "0"])
+    assert "argument --beam-sizes: expected a positive integer, got '0'" in capsys.readouterr().err
+
+
+def test_the_grid_tries_each_pair_once_in_the_order_given():
+    tried = []
+
+    def translate(decode):
+        tried.append((decode.beam_size, decode.length_penalty))
+        return ["a b c"]
+
+    trials = grid(translate, ["a b c"], DecodeConfig(), [1, 2, 2, 4], [1.0, 0.6, 1.0], lambda _: None)
+    assert tried == [(1, 1.0), (2, 1.0), (2, 0.6), (4, 1.0), (4, 0.6)]
+    assert [(t.beam_size, t.length_penalty) for t in trials] == tried
+
+
+def test_a_non_finite_length_penalty_is_refused_before_any_work(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune-decode", "--model", str(tmp_path), "--beam-sizes", "1,2,2", "--length-penalties", "1,nan"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "argument --length-penalties: expected a finite number, got 'nan'" in err
+    with pytest.raises(NMTError, match="length penalties finite numbers >= 0"):
+        tune_decode(RunDir(tmp_path), [2], [1.0, math.inf], "cpu", "auto", lambda _: None)
+    assert not list(tmp_path.iterdir())  # refused before the run was read or locked
