@@ -22,6 +22,16 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
+    return value
+
+
 def _finite_float(text: str) -> float:
     """A number; float() also reads 'nan', 'inf' and '1e999', which no option means."""
     try:
@@ -56,8 +66,12 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
     g.add_argument("--length-penalty", type=_non_negative_float, help="alpha in score / length**alpha")
-    g.add_argument("--max-len-a", type=_non_negative_float, help="max output length = a * source length + b")
-    g.add_argument("--max-len-b", type=int, help="see --max-len-a")
+    g.add_argument(
+        "--max-len-a",
+        type=_non_negative_float,
+        help="max output length = a * source length + b (at most the model's positions)",
+    )
+    g.add_argument("--max-len-b", type=_non_negative_int, help="see --max-len-a")
     g.add_argument("--batch-tokens", type=_positive_int, help="source tokens per decoding batch")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
     g.add_argument(

@@ -40,11 +40,16 @@ class Hypothesis:
         return self.log_prob / self.steps**length_penalty
 
 
-def max_output_lengths(src_mask: torch.Tensor, a: float, b: float) -> torch.Tensor:
-    """max_len = floor(a * src_len + b) per sentence, at least 1, where src_len counts the real
-    source tokens except the final EOS. src_mask (B, S) -> (B,) long."""
+MAX_STEPS = 1 << 31  # the limit of a model without positions: a huge a * src + b must still fit an int64
+
+
+def max_output_lengths(src_mask: torch.Tensor, a: float, b: float, max_positions: int | None = None) -> torch.Tensor:
+    """max_len = floor(a * src_len + b) per sentence, at least 1 and at most ``max_positions`` (the
+    decoder's positions: step t reads position t; as fairseq's min(a * src + b, max positions)),
+    where src_len counts the real source tokens except the final EOS. src_mask (B, S) -> (B,) long."""
     src_len = (src_mask.sum(dim=1) - 1).clamp(min=0).double()
-    return torch.floor(a * src_len + b).long().clamp(min=1)
+    upper = MAX_STEPS if max_positions is None else min(max_positions, MAX_STEPS)
+    return torch.floor(a * src_len + b).clamp(min=1, max=upper).long()
 
 
 def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -151,7 +151,7 @@ class Trainer:
                 from nmt.tensorboard import TensorBoardLog
 
                 self.metrics.append(TensorBoardLog(self.run.path))
-        self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision)
+        self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision, self.log)
         if resume:
             self._resume()
         if world.is_main:  # the run's config.yaml changes only once the run has started with it

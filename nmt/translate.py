@@ -4,6 +4,7 @@ Where the lines come from and go to is ``nmt.streams``."""
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -21,15 +22,30 @@ from nmt.search import Hypothesis, beam_search, greedy_search, max_output_length
 from nmt.tokenizer import Tokenizer, load_tokenizers
 
 
-def max_source_length(max_positions: int | None, decode: DecodeConfig) -> int:
-    """Longest source (in subwords, before EOS) whose source and allowed output both fit the
-    model's positions: src + 1 <= P and a * src + b <= P - 1. Longer inputs are truncated."""
-    if max_positions is None:
-        return 1 << 30
-    limit = max_positions - 1
-    if decode.max_len_a > 0:
-        limit = min(limit, int((max_positions - 1 - decode.max_len_b) / decode.max_len_a))
-    return max(1, limit)
+def max_source_length(max_positions: int | None) -> int | None:
+    """Longest source (in subwords, before EOS) the model's positions hold: src + 1 <= P; None: any.
+    Only a source longer than that is truncated: a large max_len_a/b caps the output length
+    (``max_output_lengths``), never the source."""
+    return None if max_positions is None else max_positions - 1
+
+
+def truncated_sources(src_ids: list[list[int]], max_src: int | None) -> list[int]:
+    """Indices of the sources longer than ``max_src`` subwords (none when the model has no limit)."""
+    return [] if max_src is None else [i for i, ids in enumerate(src_ids) if len(ids) > max_src]
+
+
+def truncation_warning(line_numbers: list[int], max_src: int) -> str:
+    """One warning naming the input lines (1-based) whose source was cut to ``max_src`` subwords."""
+    shown = ", ".join(map(str, line_numbers[:10])) + (" ..." if len(line_numbers) > 10 else "")
+    lines = f"line {shown} is" if len(line_numbers) == 1 else f"lines {shown} ({len(line_numbers)} lines) are"
+    return (
+        f"warning: input {lines} longer than the model's positions allow ({max_src} subwords): "
+        f"translated from the first {max_src} subwords only"
+    )
+
+
+def _print_warning(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 @dataclass
@@ -41,6 +57,7 @@ class Translator:
     trg_tok: Tokenizer
     device: torch.device
     precision: Precision
+    warn: Callable[[str], None] | None = None  # where truncated sources are reported; None: stderr
 
     def translate_ids(
         self,
@@ -56,8 +73,9 @@ class Translator:
         self.model.eval()
         tok = self.trg_tok
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
-        max_src = max_source_length(self.model.max_positions, decode)
-        src_ids = [s[:max_src] for s in src_ids]
+        max_positions = self.model.max_positions
+        max_src = max_source_length(max_positions)
+        src_ids = [s[:max_src] for s in src_ids]  # translate_scored has said which lines it cuts
         lengths = [len(s) for s in src_ids]
         # no_grad, not inference_mode: autocast keeps its bf16 copy of each weight for the whole
         # call only outside inference mode; otherwise every step casts every weight again.
@@ -69,7 +87,7 @@ class Translator:
             for rows in batches:
                 batch = make_batch([src_ids[i] for i in rows], None, rows, tok.pad_id, tok.bos_id, tok.eos_id)
                 batch = batch.to(self.device)
-                limit = max_output_lengths(batch.src_mask, decode.max_len_a, decode.max_len_b)
+                limit = max_output_lengths(batch.src_mask, decode.max_len_a, decode.max_len_b, max_positions)
                 if decode.beam_size == 1 and decode.nbest == 1:
                     found = greedy_search(
                         self.model, batch.src, batch.src_mask, limit, tok.bos_id, tok.eos_id, attention
@@ -109,13 +127,19 @@ class Translator:
         decode: DecodeConfig,
         progress: Callable[[int], None] | None = None,
         attention: bool = False,
+        first_line: int = 1,
     ) -> list[list[tuple[str, Hypothesis | None]]]:
         """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
-        (one empty translation, no hypothesis)."""
+        (one empty translation, no hypothesis). A line too long for the model is translated from
+        its beginning, and ``warn`` is told its number (``lines[0]`` is line ``first_line``)."""
         if decode.nbest > decode.beam_size:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         filled = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.src_tok.encode([lines[i] for i in filled])
+        max_src = max_source_length(self.model.max_positions)
+        cut = truncated_sources(src_ids, max_src)
+        if cut:
+            (self.warn or _print_warning)(truncation_warning([first_line + filled[i] for i in cut], max_src))
         nbest = self.translate_ids(src_ids, decode, progress, attention)
         texts = iter(self.trg_tok.decode([h.tokens for hyps in nbest for h in hyps]))
         out: list[list[tuple[str, Hypothesis | None]]] = [[("", None)] for _ in lines]
@@ -149,7 +173,7 @@ def translate_stream(
     non-blank line, the hypothesis with its attention weights."""
     done = 0
     for window in windows:
-        scored = translator.translate_scored(window, decode, progress, attention is not None)
+        scored = translator.translate_scored(window, decode, progress, attention is not None, done + 1)
         for i, hyps in enumerate(scored if attention is not None else ()):
             text, best = hyps[0]
             if best is not None:
@@ -197,7 +221,7 @@ def load_translator(
         log("auto: " + choice.describe())
     model.set_attention_kernel(choice.attention)
     model.to(device).eval()
-    return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision))
+    return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision), log)
 
 
 def _quiet(message: str) -> None:

@@ -1,6 +1,7 @@
 """Greedy and beam search on random Transformers and on a hand-made oracle model."""
 
 import math
+from dataclasses import replace
 
 import pytest
 import torch
@@ -8,6 +9,7 @@ import torch
 from nmt.models.base import Seq2Seq
 from nmt.models.transformer import Transformer, TransformerConfig
 from nmt.search import (
+    MAX_STEPS,
     Hypothesis,
     beam_search,
     best_continuations,
@@ -140,6 +142,20 @@ def test_max_length_respected_without_eos():
 def test_max_output_lengths_excludes_source_eos():
     mask = torch.tensor([[True] * 11, [True] * 3 + [False] * 8])
     assert max_output_lengths(mask, 1.2, 10).tolist() == [22, 12]  # floor(1.2 * 10 + 10), floor(1.2 * 2 + 10)
+
+
+def test_a_large_max_len_is_capped_at_the_decoders_positions():
+    torch.manual_seed(0)
+    cfg = TransformerConfig(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4, dropout=0.0)
+    model = EosBiased(replace(cfg, positions="learned", max_positions=12), V, V, PAD).eval()
+    model.eos_bias = -100.0  # EOS never wins: every hypothesis runs to its limit
+    src, mask = sources(0)
+    limits = max_output_lengths(mask, 1000.0, 5000, model.max_positions)
+    assert limits.tolist() == [12] * 4  # not a * src + b: step t reads position t, and there are 12
+    assert [len(g) for g in greedy_tokens(model, src, mask, limits)] == [12] * 4
+    out = beam_search(model, src, mask, limits, 3, 1.0, BOS, EOS)
+    assert [len(hyps[0].tokens) for hyps in out] == [12] * 4
+    assert max_output_lengths(mask, 1e300, 0).tolist() == [MAX_STEPS] * 4  # no positions: no int64 overflow
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,0 +1,83 @@
+"""Output length limits (decode.max_len_a / max_len_b) and the model's positions: a large limit is
+capped at the positions the decoder has, and only a source longer than the model's positions is
+truncated, with a warning naming its line."""
+
+import json
+
+import pytest
+import yaml
+from conftest import PAIRS, tiny_config
+
+from nmt.cli import main
+from nmt.config import config_from_dict
+from nmt.errors import NMTError
+
+MAX_POSITIONS = 32
+
+
+@pytest.fixture(scope="module")
+def run_with_huge_limits(tmp_path_factory):
+    """A tiny Transformer with learned positions, trained with max_len_a 1000 and max_len_b 5000:
+    far more output steps than its 32 positions."""
+    tmp = tmp_path_factory.mktemp("limits")
+    config = tiny_config(tmp)
+    values = yaml.safe_load(config.read_text())
+    values["model"].update(positions="learned", max_positions=MAX_POSITIONS)
+    values["decode"].update(max_len_a=1000.0, max_len_b=5000)
+    config.write_text(yaml.safe_dump(values))
+    assert main(["train", "--config", str(config)]) == 0
+    return tmp
+
+
+def test_large_limits_keep_every_source_whole(run_with_huge_limits, capsys):
+    run, src = run_with_huge_limits / "run", run_with_huge_limits / "data" / "train.de"
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["dev_bleu"] for r in records if r["type"] == "valid"][-1] == pytest.approx(100.0)
+    capsys.readouterr()
+    assert main(["translate", "--model", str(run), "--input", str(src), "--beam-size", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert out.splitlines() == [t for _, t in PAIRS] and "warning" not in err
+
+
+def test_a_source_longer_than_the_positions_is_truncated_with_a_warning(run_with_huge_limits, tmp_path, capsys):
+    long_line = " ".join(["die katze sieht den hund"] * 20)  # well over 31 subwords
+    source = tmp_path / "in.de"
+    source.write_text(f"{PAIRS[0][0]}\n{long_line}\n\n{PAIRS[1][0]}\n{long_line}\n")
+    run = run_with_huge_limits / "run"
+    capsys.readouterr()
+    assert main(["translate", "--model", str(run), "--input", str(source), "--beam-size", "1"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert len(lines) == 5 and lines[0] == PAIRS[0][1] and lines[2] == "" and lines[3] == PAIRS[1][1]
+    warnings = [line for line in err.splitlines() if line.startswith("warning")]
+    assert warnings == [
+        f"warning: input lines 2, 5 (2 lines) are longer than the model's positions allow ({MAX_POSITIONS - 1} "
+        f"subwords): translated from the first {MAX_POSITIONS - 1} subwords only"
+    ]
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("max_len_a", float("inf")), ("max_len_a", float("nan")), ("max_len_a", -1.0), ("length_penalty", float("nan"))],
+)
+def test_non_finite_or_negative_decode_values_in_a_config_are_refused(key, value):
+    values = {
+        "data": {"train": "d/train", "dev": "d/dev"},
+        "train": {"max_updates": 10, "warmup_updates": 2},
+        "decode": {key: value},
+    }
+    with pytest.raises(NMTError, match=f"config key 'decode.{key}': .* must be a finite number >= 0"):
+        config_from_dict(values)
+
+
+@pytest.mark.parametrize("option,value", [("--max-len-a", "inf"), ("--max-len-a", "nan"), ("--max-len-b", "-1")])
+def test_non_finite_or_negative_limits_on_the_command_line_are_refused(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "--model", str(tmp_path), option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        f"nmt translate: error: argument {option}: "
+        + ("expected a finite number" if value != "-1" else "expected an integer >= 0")
+        + f", got '{value}'"
+    ]
