@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -283,6 +284,35 @@ def main(argv: list[str] | None = None) -> int:
     return code
 
 
+# What to lower when a command runs out of memory.
+MEMORY_OPTIONS = {
+    "train": "a smaller train.max_tokens (a larger train.accumulate keeps the batch size) or train.validate_beam_size",
+    "prepare": "a smaller data.shard_pairs or data.workers",
+    "translate": "a smaller --batch-tokens or --beam-size",
+    "eval-bleu": "a smaller --batch-tokens or --beam-size",
+    "tune-decode": "smaller --beam-sizes, or a smaller decode.batch_tokens in the run's config.yaml",
+    "average": "a smaller train.validate_beam_size or decode.batch_tokens in the run's config.yaml",
+    "bench": "a smaller train.max_tokens or decode.batch_tokens (--set)",
+    "compare": "a smaller decode.batch_tokens in the runs' config.yaml",
+}
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """MemoryError, torch's OutOfMemoryError (CUDA), or the RuntimeError of torch's CPU allocator."""
+    if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
+        return True
+    message = str(error).lower()
+    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+
+
+def out_of_memory_message(command: str, error: BaseException) -> str:
+    """One line: what ran out, how much was asked for where the error says, and what to lower."""
+    asked = re.search(r"[Tt]ried to allocate (\d+ bytes|[\d.]+ [KMGTP]iB)", str(error))
+    size = f" (tried to allocate {asked.group(1)})" if asked else ""
+    advice = MEMORY_OPTIONS.get(command)
+    return f"out of memory{size}" + (f": try {advice}" if advice else "")
+
+
 def _run(args: argparse.Namespace) -> int:
     try:
         return args.func(args)
@@ -290,6 +320,11 @@ def _run(args: argparse.Namespace) -> int:
         message = str(e).replace("\n", " ")
         print(f"nmt {args.command}: error: {message}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
+    except (MemoryError, RuntimeError) as e:
+        if not out_of_memory(e):
+            raise
+        print(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:
         print(f"nmt {args.command}: interrupted", file=sys.stderr)
         return 130

@@ -54,20 +54,25 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode_config(args: argparse.Namespace, base):
+def _decode_config(args: argparse.Namespace, cfg):
+    """The run's ``cfg.decode`` with the decoding options given on the command line."""
     from dataclasses import replace
+
+    from nmt.config import check_beam_size
 
     changes = {}
     for name in ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "nbest"):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
-    decode = replace(base, **changes)
+    decode = replace(cfg.decode, **changes)
     if decode.nbest > decode.beam_size:
         raise NMTError(
             f"--nbest {decode.nbest} is more than the beam size {decode.beam_size}: "
             f"give --beam-size {decode.nbest} or more"
         )
+    if "beam_size" in changes:  # the config's own was checked when it was read
+        check_beam_size(decode.beam_size, cfg.tokenizer.vocab_size, "--beam-size")
     return decode
 
 
@@ -87,7 +92,7 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
     from nmt.translate import load_translator
 
     try:
-        decode = _decode_config(args, run.config().decode)
+        decode = _decode_config(args, run.config())
         translator = load_translator(run, args.device, args.precision, log, args.checkpoint)
         maps = _attention_writer(args, run, translator)
     except BaseException:
@@ -102,7 +107,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.streams import input_file, open_output
 
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
-    _decode_config(args, run.config().decode)  # and so are decoding options that contradict each other
+    _decode_config(args, run.config())  # and so are decoding options that contradict each other
     if args.attention:
         from nmt.attention_maps import choose, figure_class
 
@@ -127,7 +132,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         if not args.src:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
         run = RunDir.existing(args.model)
-        _decode_config(args, run.config().decode)
+        _decode_config(args, run.config())
         source = input_file(args.src, "--src")
         n_src = sum(1 for _ in read_lines(source))
         if n_src != len(refs[0]):

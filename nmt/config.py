@@ -85,6 +85,17 @@ class DecodeConfig:
     nbest: int = 1
 
 
+def check_beam_size(beam_size: int, vocab_size: int, name: str) -> None:
+    """Beam sizes are capped at the target vocabulary's size: the first step has no more distinct
+    hypotheses than words to fill a beam with, and a huge beam exhausts memory before the search
+    starts. ``name`` is the option or config key the error names."""
+    if beam_size > vocab_size:
+        raise NMTError(
+            f"{name} {beam_size} is more than the {vocab_size} words of the target vocabulary: "
+            f"give at most {vocab_size}"
+        )
+
+
 @dataclass
 class Config:
     name: str = "run"
@@ -244,6 +255,11 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError("config key 'data.train': no training corpus given")
     if not cfg.data.dev.path:
         raise NMTError("config key 'data.dev': no dev corpus given")
+    for key, beam_size in (
+        ("decode.beam_size", cfg.decode.beam_size),
+        ("train.validate_beam_size", t.validate_beam_size),
+    ):
+        check_beam_size(beam_size, cfg.tokenizer.vocab_size, f"config key '{key}':")
     if cfg.decode.nbest > cfg.decode.beam_size:
         raise NMTError(
             f"config key 'decode.nbest': {cfg.decode.nbest} is more than decode.beam_size {cfg.decode.beam_size}"

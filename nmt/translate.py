@@ -12,7 +12,7 @@ import torch
 
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, check_beam_size
 from nmt.device import Precision, bf16_available, check_precision, prepare_cpu_process, select_device
 from nmt.errors import NMTError
 from nmt.models import build_model
@@ -134,6 +134,7 @@ class Translator:
         its beginning, and ``warn`` is told its number (``lines[0]`` is line ``first_line``)."""
         if decode.nbest > decode.beam_size:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
+        check_beam_size(decode.beam_size, self.trg_tok.vocab_size, "beam size")
         filled = [i for i, line in enumerate(lines) if line.strip()]
         src_ids = self.src_tok.encode([lines[i] for i in filled])
         max_src = max_source_length(self.model.max_positions)

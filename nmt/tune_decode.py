@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
@@ -55,6 +55,8 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     if not beams or any(b < 1 for b in beams) or not good_penalties:
         raise NMTError("tune-decode: beam sizes must be >= 1 and length penalties finite numbers >= 0")
     cfg = run.config()
+    for beam in beams:
+        check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")
     run.lock(log)
     try:
         translator = load_translator(run, device, None, log, which)

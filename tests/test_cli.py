@@ -13,6 +13,8 @@ import yaml
 from conftest import PAIRS, tiny_config
 
 from nmt.cli import build_parser, main
+from nmt.config import config_from_dict
+from nmt.errors import NMTError
 
 
 def run_cli(args, capsys):
@@ -308,3 +310,71 @@ def test_nan_length_penalty_is_a_one_line_error(tmp_path, capsys):
     assert [line for line in err.splitlines() if "error" in line] == [
         "nmt translate: error: argument --length-penalty: expected a finite number, got 'nan'"
     ]
+
+
+def test_a_beam_wider_than_the_vocabulary_is_a_one_line_error(trained_run, tmp_path, capsys):
+    run, src, out = trained_run / "run", trained_run / "data" / "train.de", tmp_path / "out.en"
+    for beam in ("61", "99999999999"):  # the tiny run's target vocabulary has 60 words
+        code, _, err = run_cli(["translate", "--model", run, "--input", src, "-o", out, "--beam-size", beam], capsys)
+        assert code == 2 and "Traceback" not in err and not out.exists()
+        assert err.splitlines() == [
+            f"nmt translate: error: --beam-size {beam} is more than the 60 words of the target vocabulary: "
+            "give at most 60"
+        ]
+    values = yaml.safe_load((run / "config.yaml").read_text())
+    for key in ("decode.beam_size", "train.validate_beam_size"):
+        section, name = key.split(".")
+        wide = {**values, section: {**values[section], name: 61}}
+        with pytest.raises(NMTError, match=f"config key '{key}': 61 is more than the 60 words"):
+            config_from_dict(wide)
+
+
+def _allocation_failure():
+    import torch
+
+    torch.empty(9_999_999_999_900)  # 40 TB: torch's CPU allocator refuses it
+
+
+@pytest.mark.parametrize(
+    "command,error,expected",
+    [
+        ("translate", None, "out of memory (tried to allocate 39999999999600 bytes): try a smaller --batch-tokens"),
+        ("eval-bleu", MemoryError(), "out of memory: try a smaller --batch-tokens or --beam-size"),
+        ("train", "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has", "(tried to allocate 2.00 GiB): try a"),
+    ],
+)
+def test_out_of_memory_is_a_one_line_error_naming_what_to_lower(
+    monkeypatch, tmp_path, capsys, command, error, expected
+):
+    import torch
+
+    from nmt import commands
+
+    def fail(args):
+        if error is None:
+            _allocation_failure()
+        raise torch.OutOfMemoryError(error) if isinstance(error, str) else error
+
+    name = {"translate": "cmd_translate", "eval-bleu": "cmd_eval_bleu", "train": "cmd_train"}[command]
+    monkeypatch.setattr(commands, name, fail)
+    argv = {
+        "translate": ["translate", "--model", tmp_path],
+        "eval-bleu": ["eval-bleu", "--hyp", tmp_path, "--ref", tmp_path],
+        "train": ["train", "--config", tmp_path],
+    }[command]
+    code, _, err = run_cli(argv, capsys)
+    assert code == 2 and len(err.splitlines()) == 1 and err.startswith(f"nmt {command}: error: ")
+    assert expected in err
+    if command == "train":
+        assert "train.max_tokens" in err
+
+
+def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path):
+    from nmt import commands
+
+    def fail(args):
+        raise RuntimeError("shape mismatch")
+
+    monkeypatch.setattr(commands, "cmd_translate", fail)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        main(["translate", "--model", str(tmp_path)])

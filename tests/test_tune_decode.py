@@ -35,6 +35,8 @@ def test_tune_decode_writes_the_winner_into_the_run_config(tmp_path, capsys):
     assert (cfg.decode.beam_size, cfg.decode.length_penalty) == (chosen.beam_size, chosen.length_penalty)
     after = yaml.safe_load((run / "config.yaml").read_text())
     assert {k: v for k, v in after.items() if k != "decode"} == {k: v for k, v in before.items() if k != "decode"}
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1,61"]) == 2
+    assert "beam size 61 is more than the 60 words of the target vocabulary" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune-decode", "--model", str(run), "--beam-sizes", "0"])
     assert "argument --beam-sizes: expected a positive integer, got '0'" in capsys.readouterr().err
