@@ -7,7 +7,6 @@ known one. Code below the CLI receives these objects, never raw dicts.
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -113,7 +112,6 @@ _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 _PROBABILITY = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
 _TORCH_SEED = (lambda v: -(2**63) <= v <= 2**64 - 1, "must be in [-2**63, 2**64 - 1] (what torch.manual_seed accepts)")
-_FINITE_NON_NEGATIVE = (lambda v: math.isfinite(v) and v >= 0, "must be a finite number >= 0")
 _RANGES: dict[str, tuple[Any, str]] = {
     "seed": _TORCH_SEED,
     "data.max_len": _POSITIVE,
@@ -164,8 +162,8 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "train.threads": (lambda v: v == "auto" or v > 0, "must be > 0 or auto"),
     "train.max_nonfinite": _POSITIVE,
     "decode.beam_size": _POSITIVE,
-    "decode.length_penalty": _FINITE_NON_NEGATIVE,
-    "decode.max_len_a": _FINITE_NON_NEGATIVE,
+    "decode.length_penalty": _NON_NEGATIVE,
+    "decode.max_len_a": _NON_NEGATIVE,
     "decode.max_len_b": _NON_NEGATIVE,
     "decode.batch_tokens": _POSITIVE,
     "decode.nbest": _POSITIVE,
