@@ -127,7 +127,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     refs = [read_lines(Path(r)) for r in args.ref]
     if args.model:
         from nmt.rundir import RunDir
-        from nmt.streams import CollectedLines, StdoutLines, input_file, open_output
+        from nmt.streams import StdoutLines, input_file, open_output
 
         if not args.src:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
@@ -138,10 +138,9 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         if n_src != len(refs[0]):
             raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
         inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
-        to_file = args.output not in (None, "-")
-        sink = open_output(args.output, inputs, "--output") if to_file else CollectedLines()
+        sink = open_output(args.output, inputs, "--output", collect=True)
         _translate_to(args, run, source, sink)
-        hyps = read_lines(Path(args.output)) if to_file else sink.collected
+        hyps = sink.collected
         if args.output == "-":
             StdoutLines().write(hyps)
         hyp_name = f"translation of {args.src}"

@@ -1,6 +1,8 @@
 """Crash-safe file writes: a temporary file in the same directory, fsynced, then renamed.
 
-A crash at any moment leaves either the old file or the new one, complete, never a mix. Outputs
+A crash at any moment leaves either the old file or the new one, complete, never a mix. A symlink
+to a file has its target replaced (the link stays); a FIFO, a device (/dev/null) or a pipe named
+as /dev/fd/N is written in place, since a rename would put a plain file where it was. Outputs
 are checked against the command's inputs before any work starts, so none can overwrite one.
 No torch here: data-preparation workers import this module.
 """
@@ -8,6 +10,8 @@ No torch here: data-preparation workers import this module.
 from __future__ import annotations
 
 import os
+import re
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -38,16 +42,58 @@ def is_temporary(path: Path) -> bool:
     return path.name.startswith(".") and ".tmp" in path.name
 
 
+def written_in_place(path: Path) -> bool:
+    """Whether ``path`` is opened and written as it is instead of replaced by a rename: an existing
+    file that is not a regular one (a FIFO, a device, a process substitution's pipe), or a file some
+    process holds open, named through /dev/stdout or /dev/fd/N (``>> log`` must keep the log)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return False
+    if stat.S_ISDIR(mode):
+        return False  # no file to write: the rename fails, naming it
+    return not stat.S_ISREG(mode) or _names_an_open_file(path)
+
+
+def _names_an_open_file(path: Path) -> bool:
+    """Whether a link on the way from ``path`` to its file is a /proc/PID/fd/N entry."""
+    name = os.path.abspath(path)
+    for _ in range(40):  # the kernel's own limit on links followed
+        if re.fullmatch(r"/proc/\d+(/task/\d+)?/fd", os.path.realpath(os.path.dirname(name))):
+            return True
+        if not os.path.islink(name):
+            return False
+        name = os.path.join(os.path.dirname(name), os.readlink(name))
+    return False
+
+
+def replaced_file(path: Path) -> Path:
+    """The file a rename replaces: a symlink's target, so that the link stays a link."""
+    return Path(os.path.realpath(path))
+
+
+def open_in_place(path: Path, mode: str = "ab", **kw):
+    """Append-mode open of a ``written_in_place`` output: a pipe or device takes the bytes as they
+    come, and a file held open (``>> log``) keeps what it had."""
+    return open(path, mode, **kw)
+
+
 def atomic_write(
     path: Path,
     write: Callable[[object], None],
     before_rename: Callable[[Path], None] | None = None,
 ) -> None:
-    """Call ``write(binary_file)`` on a temporary file, then rename it to ``path``.
+    """Call ``write(binary_file)`` on a temporary file, then rename it to ``path`` (to its target,
+    for a symlink); a ``written_in_place`` path gets the bytes directly.
 
     Raises OSError (after removing the temporary file) when the disk refuses the write.
     """
-    tmp = temporary_name(path)
+    if written_in_place(path):
+        with open_in_place(path) as f:
+            write(f)
+        return
+    target = replaced_file(path)
+    tmp = temporary_name(target)
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -55,11 +101,11 @@ def atomic_write(
             os.fsync(f.fileno())
         if before_rename is not None:
             before_rename(tmp)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    fsync_dir(path.parent)
+    fsync_dir(target.parent)
 
 
 def atomic_write_bytes(path: Path, data: bytes, before_rename: Callable[[Path], None] | None = None) -> None:
@@ -75,11 +121,34 @@ def check_output(path: Path, inputs: Iterable[Path], option: str) -> None:
         for source in inputs:
             if source.exists() and os.path.samefile(path, source):
                 raise NMTError(f"{option} {path}: is the input {source}; write the output to another file")
-    parent = path.absolute().parent
+    if written_in_place(path):
+        reason = _in_place_write_error(path)
+        if reason:
+            raise NMTError(f"{option} {path}: cannot be written ({reason})")
+        return
+    parent = replaced_file(path).parent
     if not parent.is_dir():
         raise NMTError(f"{option} {path}: the directory {parent} does not exist")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise NMTError(f"{option} {path}: the directory {parent} is not writable")
+    try:  # the temporary file must be possible there (not so in /proc, say, or on a read-only mount)
+        with tempfile.TemporaryFile(dir=parent):
+            pass
+    except OSError as e:
+        raise NMTError(f"{option} {path}: no file can be written in {parent} ({e.strerror})") from None
+
+
+def _in_place_write_error(path: Path) -> str | None:
+    """Why ``path`` cannot be opened for writing, or None. A FIFO is only asked, not opened: opening
+    and closing it would end its reader's input."""
+    if stat.S_ISFIFO(os.stat(path).st_mode):
+        return None if os.access(path, os.W_OK) else "permission denied"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+    except OSError as e:
+        return e.strerror
+    os.close(fd)
+    return None
 
 
 def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--out") -> None:
@@ -99,20 +168,27 @@ def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--o
 
 
 class LineWriter:
-    """Text lines written to a temporary file beside ``path``, which becomes ``path`` only when
-    complete (``commit``): an earlier file of that name stays untouched until then. ``keep_partial``
-    keeps what was written as ``PATH.partial`` instead (an interrupted command). The temporary
-    file is made at the first write, so a command that fails before any output leaves nothing."""
+    """Text lines written to a temporary file beside ``path`` (beside its target, for a symlink),
+    which becomes that file only when complete (``commit``): an earlier file of that name stays
+    untouched until then. ``keep_partial`` keeps what was written as ``PATH.partial`` instead (an
+    interrupted command). The temporary file is made at the first write, so a command that fails
+    before any output leaves nothing. A ``written_in_place`` path (a FIFO, /dev/null) takes the
+    lines directly, and an interruption leaves nothing more to keep."""
 
     def __init__(self, path: Path):
         self.path = path
         self.lines = 0
-        self._tmp = temporary_name(path)
+        self.in_place = written_in_place(path)
+        self._target = path if self.in_place else replaced_file(path)
+        self._tmp = path if self.in_place else temporary_name(self._target)
         self._file = None
 
     def _opened(self):
         if self._file is None:
-            self._file = open(self._tmp, "w", encoding="utf-8", newline="\n")
+            if self.in_place:
+                self._file = open_in_place(self.path, "a", encoding="utf-8", newline="\n")
+            else:
+                self._file = open(self._tmp, "w", encoding="utf-8", newline="\n")
         return self._file
 
     def write(self, lines: Iterable[str]) -> None:
@@ -125,18 +201,25 @@ class LineWriter:
     def commit(self) -> None:
         f = self._opened()
         f.flush()
+        if self.in_place:
+            f.close()
+            return
         os.fsync(f.fileno())
         f.close()
-        os.replace(self._tmp, self.path)
-        fsync_dir(self.path.parent)
+        os.replace(self._tmp, self._target)
+        fsync_dir(self._target.parent)
 
-    def keep_partial(self) -> Path:
+    def keep_partial(self) -> Path | None:
+        """``PATH.partial`` holding the lines written so far (None when written in place)."""
         self._opened().close()
-        partial = self.path.with_name(self.path.name + ".partial")
+        if self.in_place:
+            return None
+        partial = self._target.with_name(self._target.name + ".partial")
         os.replace(self._tmp, partial)
         return partial
 
     def discard(self) -> None:
         if self._file is not None:
             self._file.close()
-        self._tmp.unlink(missing_ok=True)
+        if not self.in_place:
+            self._tmp.unlink(missing_ok=True)

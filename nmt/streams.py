@@ -123,13 +123,27 @@ class CollectedLines(StdoutLines):
         self.lines += len(lines)
 
 
-def open_output(path: str | None, inputs: list[Path], option: str):
+class CollectedFileLines(LineWriter):
+    """A file output whose lines are also kept in memory: eval-bleu scores what it wrote, which a
+    pipe or /dev/null cannot give back."""
+
+    def __init__(self, path: Path):
+        super().__init__(path)
+        self.collected: list[str] = []
+
+    def write(self, lines: list[str]) -> None:
+        self.collected += lines
+        super().write(lines)
+
+
+def open_output(path: str | None, inputs: list[Path], option: str, collect: bool = False):
     """Where a command's lines go (stdout for None or '-'), checked before any work starts against
-    every input (``files.check_output``)."""
+    every input (``files.check_output``); with ``collect`` they are also kept (``collected``), and
+    stdout gets nothing."""
     if path is None or path == "-":
-        return StdoutLines()
+        return CollectedLines() if collect else StdoutLines()
     check_output(Path(path), inputs, option)
-    return LineWriter(Path(path))
+    return CollectedFileLines(Path(path)) if collect else LineWriter(Path(path))
 
 
 def input_file(path: str | None, option: str) -> Path | None:
@@ -172,8 +186,9 @@ def translate_into(
         done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, attention)
     except KeyboardInterrupt:
         message = f"interrupted after {sink.lines} output lines"
-        if isinstance(sink, LineWriter):
-            message = f"interrupted: the {sink.lines} lines done are in {sink.keep_partial()}; {sink.path} is unchanged"
+        partial = sink.keep_partial() if isinstance(sink, LineWriter) else None
+        if partial is not None:
+            message = f"interrupted: the {sink.lines} lines done are in {partial}; {sink.path} is unchanged"
         raise Interrupted(message, signal.SIGINT) from None
     except BaseException:
         sink.discard()

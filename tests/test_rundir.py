@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -158,6 +159,39 @@ def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path):
     assert (tmp_path / "report.md").read_text() == "mine"
     done = nmt("compare", trained / "run", "--out", trained / "run" / "report")
     one_line_error(done, "inside the run directory")
+
+
+def test_a_pipe_or_device_output_is_written_through_not_replaced(trained, tmp_path):
+    src, ref = trained / "data" / "train.de", trained / "data" / "train.en"
+    read_end, write_end = os.pipe()  # what `--output >(wc -l)` names: /dev/fd/N
+    with os.fdopen(read_end, "rb") as pipe:
+        done = subprocess.run(
+            [sys.executable, "-m", "nmt", "translate", "--model", str(trained / "run"), "-i", str(src)]
+            + ["-o", f"/dev/fd/{write_end}", "--beam-size", "1"],
+            capture_output=True,
+            text=True,
+            pass_fds=[write_end],
+            timeout=300,
+        )
+        os.close(write_end)
+        assert done.returncode == 0, done.stderr
+        assert pipe.read().decode().splitlines() == [t for _, t in PAIRS]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
+    reader.start()
+    done = nmt("eval-bleu", "--model", trained / "run", "--src", src, "--ref", ref, "--output", fifo, "--json")
+    assert done.returncode == 0, done.stderr
+    assert '"bleu": 100.0' in done.stdout  # scored what it translated: a FIFO cannot give it back
+    reader.join(timeout=60)
+    assert received == ["".join(t + "\n" for _, t in PAIRS)] and fifo.is_fifo()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs Linux's /proc")
+def test_an_output_that_cannot_be_written_is_refused_before_translating(trained):
+    done = nmt("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", "/proc/version")
+    one_line_error(done, "--output /proc/version", "no file can be written in /proc")
 
 
 def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path):
