@@ -101,6 +101,12 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
     return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
 
 
+def _check_not_in_run(output: str | None, run) -> None:
+    """``--output`` may be a new file in the run directory, never one of the run's own."""
+    if output not in (None, "-"):
+        run.check_output(Path(output), "--output", run.config())
+
+
 def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.files import check_output_dir
     from nmt.rundir import RunDir
@@ -116,6 +122,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         check_output_dir(Path(args.attention), [run.path], "--attention")
     source = input_file(args.input, "--input")
     sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
+    _check_not_in_run(args.output, run)
     _translate_to(args, run, source, sink)
     return 0
 
@@ -139,6 +146,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
             raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
         inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
         sink = open_output(args.output, inputs, "--output", collect=True)
+        _check_not_in_run(args.output, run)
         _translate_to(args, run, source, sink)
         hyps = sink.collected
         if args.output == "-":

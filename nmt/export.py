@@ -294,12 +294,14 @@ def export_run(
     """Export the checkpoint ``nmt translate`` would use (``RunDir.model_checkpoint``), checked against
     the run's config and tokenizer; reads the run only."""
     from nmt import checkpoint
+    from nmt.files import check_outside_runs
     from nmt.models import build_model
     from nmt.rundir import RunDir
     from nmt.tokenizer import load_tokenizers
 
     import_ctranslate2()  # before any loading: a missing package is the first thing to say
     run = RunDir.existing(run_dir)
+    check_outside_runs(Path(out_dir), [run.path], "OUT_DIR")  # a reader never writes in the run
     cfg = run.config()
     check_exportable(cfg.model, quantization)
     path = run.model_checkpoint(cfg)

@@ -156,15 +156,22 @@ def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--o
     run directory read, since commands that read a run never write into it."""
     if out_dir.exists() and not out_dir.is_dir():
         raise NMTError(f"{option} {out_dir}: exists and is not a directory")
-    for run_dir in run_dirs:
-        if out_dir.absolute() == run_dir.absolute() or run_dir.absolute() in out_dir.absolute().parents:
-            raise NMTError(f"{option} {out_dir}: is inside the run directory {run_dir}; write elsewhere")
+    check_outside_runs(out_dir, run_dirs, option)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=out_dir):
             pass
     except OSError as e:
         raise NMTError(f"{option} {out_dir}: is not a writable directory ({e.strerror})") from None
+
+
+def check_outside_runs(out_dir: Path, run_dirs: Iterable[Path], option: str) -> None:
+    """Refuse an output directory that is, or lies inside, a run directory read (however named)."""
+    real = Path(os.path.realpath(out_dir))
+    for run_dir in run_dirs:
+        run_real = Path(os.path.realpath(run_dir))
+        if real == run_real or run_real in real.parents:
+            raise NMTError(f"{option} {out_dir}: is inside the run directory {run_dir}; write elsewhere")
 
 
 class LineWriter:

@@ -25,8 +25,9 @@ from pathlib import Path
 
 from nmt.config import Config, config_to_dict, config_yaml, load_config
 from nmt.errors import NMTError
-from nmt.files import atomic_write_bytes
+from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE
+from nmt.tensorboard import TENSORBOARD_DIR
 
 CONFIG = "config.yaml"
 _HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
@@ -142,6 +143,10 @@ class RunDir:
     def dev_hyp_path(self) -> Path:
         return self.path / "dev.hyp"
 
+    @property
+    def tune_decode_path(self) -> Path:
+        return self.path / "tune_decode.json"
+
     def tokenizer_paths(self, cfg: Config) -> tuple[Path, Path]:
         """The SentencePiece model file(s): one joint ``spm.model``, or one per language."""
         if cfg.tokenizer.joint:
@@ -206,6 +211,36 @@ class RunDir:
         """The files translating with the run reads: no command may write over them."""
         files = [self.config_path, *set(self.tokenizer_paths(cfg))]
         return files + sorted(self.checkpoint_dir.glob("*.pt"))
+
+    def owned_paths(self, cfg: Config) -> list[Path]:
+        """The files and directories (with all they hold) that the run's writers make and keep."""
+        tokenizers = sorted(set(self.tokenizer_paths(cfg)))
+        return [
+            self.config_path,
+            *tokenizers,
+            *(p.with_suffix(".vocab") for p in tokenizers),  # SentencePiece writes it beside the model
+            self.train_data_dir.parent,
+            self.checkpoint_dir,
+            self.metrics_path,
+            self.path / TENSORBOARD_DIR,
+            self.log_path,
+            self.dev_hyp_path,
+            self.tune_decode_path,
+            self._lock.path,
+        ]
+
+    def check_output(self, output: Path, option: str, cfg: Config) -> None:
+        """Refuse an output that is one of the run's own files, lies in one of its directories, or
+        is a writer's temporary file: writing it would corrupt the run. A new file in the run
+        directory (``RUN_DIR/test.hyp``) is the user's and fine."""
+        target, run_real = Path(os.path.realpath(output)), Path(os.path.realpath(self.path))
+        for owned in self.owned_paths(cfg):
+            real = Path(os.path.realpath(owned))
+            if target == real or real in target.parents:
+                where = f"is the run's own {real.name}" if target == real else f"lies in the run's own {real.name}/"
+                raise NMTError(f"{option} {output}: {where}; writing it would corrupt the run: choose another file")
+        if target.parent == run_real and is_temporary(target):
+            raise NMTError(f"{option} {output}: is a temporary file of the run being written; choose another file")
 
     def fingerprint(self, cfg: Config) -> dict:
         """What a checkpoint records of the files it was trained with, to be matched on load."""

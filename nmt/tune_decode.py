@@ -66,7 +66,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
         run.write_config(cfg)
         report = {"dev": cfg.data.dev.path, "chosen": best.__dict__, "trials": [t.__dict__ for t in trials]}
-        atomic_write_bytes(run.path / "tune_decode.json", json.dumps(report, indent=1).encode("utf-8"))
+        atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
     finally:
         run.close()
     log(

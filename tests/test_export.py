@@ -270,6 +270,16 @@ def test_existing_output_and_unknown_quantization_are_refused(ct2, fake_run, tmp
     assert (tmp_path / "empty" / "model.bin").exists()
 
 
+def test_an_output_directory_inside_the_run_is_refused(fake_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(export, "import_ctranslate2", lambda: None)  # refused before the package is needed
+    run = fake_run()
+    before = sorted(p.relative_to(run) for p in run.rglob("*"))
+    (tmp_path / "alias").symlink_to(run)
+    for out in (run / "exported", run, tmp_path / "alias" / "exported"):
+        one_line_error(capsys, ["export", "--format", "ctranslate2", run, out], f"OUT_DIR {out}: is inside the run")
+    assert sorted(p.relative_to(run) for p in run.rglob("*")) == before
+
+
 def test_rnn_run_is_a_one_line_error(fake_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(export, "import_ctranslate2", lambda: None)  # the RNN error does not need the package
     run = fake_run("rnn")

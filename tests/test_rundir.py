@@ -149,6 +149,32 @@ def test_an_output_that_is_an_input_is_refused_however_it_is_named(trained, tmp_
     one_line_error(done, "is the input")
 
 
+def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_path):
+    run = copy_run(trained, tmp_path)
+    [best] = (run / "checkpoints").glob("best_*.pt")
+    src, ref = trained / "data" / "train.de", trained / "data" / "train.en"
+    before = snapshot(run)
+    for output in (
+        run / "metrics.jsonl",
+        run / "train.log",
+        run / "dev.hyp",
+        run / "spm.vocab",
+        run / "checkpoints" / "index.json",
+        best.with_name(best.name + ".sha256"),
+        run / "checkpoints" / "notes.txt",
+    ):
+        done = nmt("translate", "--model", run, "-i", src, "-o", output)
+        one_line_error(done, f"--output {output}: ", "the run's own", "choose another file")
+    done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "metrics.jsonl")
+    one_line_error(done, "--output", "is the run's own metrics.jsonl")
+    assert snapshot(run) == before
+    # A new file of the user's in the run directory is fine, and so is writing it again.
+    for _ in range(2):
+        done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "test.hyp")
+        assert done.returncode == 0, done.stderr
+    assert (run / "test.hyp").read_text().splitlines() == [t for _, t in PAIRS]
+
+
 def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path):
     src = trained / "data" / "train.de"
     done = nmt("translate", "--model", trained / "run", "-i", src, "-o", tmp_path / "missing" / "out.en")
