@@ -177,10 +177,11 @@ def check_outside_runs(out_dir: Path, run_dirs: Iterable[Path], option: str) -> 
 class LineWriter:
     """Text lines written to a temporary file beside ``path`` (beside its target, for a symlink),
     which becomes that file only when complete (``commit``): an earlier file of that name stays
-    untouched until then. ``keep_partial`` keeps what was written as ``PATH.partial`` instead (an
-    interrupted command). The temporary file is made at the first write, so a command that fails
-    before any output leaves nothing. A ``written_in_place`` path (a FIFO, /dev/null) takes the
-    lines directly, and an interruption leaves nothing more to keep."""
+    untouched until then, and a ``PATH.partial`` left by an earlier run goes. ``keep_partial`` keeps
+    what was written as ``PATH.partial`` instead (an interrupted command). The temporary file is
+    made at the first write, so a command that fails before any output leaves nothing. A
+    ``written_in_place`` path (a FIFO, /dev/null) takes the lines directly, and an interruption
+    leaves nothing more to keep."""
 
     def __init__(self, path: Path):
         self.path = path
@@ -188,6 +189,7 @@ class LineWriter:
         self.in_place = written_in_place(path)
         self._target = path if self.in_place else replaced_file(path)
         self._tmp = path if self.in_place else temporary_name(self._target)
+        self.partial = self._target.with_name(self._target.name + ".partial")
         self._file = None
 
     def _opened(self):
@@ -214,6 +216,7 @@ class LineWriter:
         os.fsync(f.fileno())
         f.close()
         os.replace(self._tmp, self._target)
+        self.partial.unlink(missing_ok=True)  # what an earlier, interrupted run kept is now stale
         fsync_dir(self._target.parent)
 
     def keep_partial(self) -> Path | None:
@@ -221,9 +224,8 @@ class LineWriter:
         self._opened().close()
         if self.in_place:
             return None
-        partial = self._target.with_name(self._target.name + ".partial")
-        os.replace(self._tmp, partial)
-        return partial
+        os.replace(self._tmp, self.partial)
+        return self.partial
 
     def discard(self) -> None:
         if self._file is not None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from nmt.errors import NMTError
 
@@ -40,3 +42,28 @@ class SignalGuard:
     def __exit__(self, *exc) -> None:
         for s, h in self._previous.items():
             signal.signal(s, h)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the work is as Ctrl-C raises KeyboardInterrupt: the same clean-up runs."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While active, SIGTERM raises ``Terminated`` instead of killing the process at once, so a
+    command stopped by ``kill`` or a job scheduler keeps what it finished, as after Ctrl-C."""
+    try:
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:  # not the main thread, where Python delivers signals anyway
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

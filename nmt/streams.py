@@ -20,7 +20,7 @@ from nmt.config import DecodeConfig
 from nmt.corpus import iter_lines
 from nmt.errors import NMTError
 from nmt.files import LineWriter, check_output
-from nmt.signals import Interrupted
+from nmt.signals import Interrupted, sigterm_interrupts
 
 WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneous batches
 
@@ -175,26 +175,28 @@ def translate_into(
     translator, source: Path | None, sink, decode: DecodeConfig, stream: bool = False, attention=None
 ) -> int:
     """Translate ``source`` (stdin if None) into ``sink`` window by window (``stream``: stdin line by
-    line); returns the lines read. Interrupted, a file output keeps what was done as OUTPUT.partial
-    and leaves an older OUTPUT untouched; any failure leaves no temporary file behind."""
+    line); returns the lines read. Interrupted (SIGINT, or SIGTERM: exit 143), a file output keeps
+    what was done as OUTPUT.partial and leaves an older OUTPUT untouched; any failure leaves no
+    temporary file behind."""
     from nmt.translate import translate_stream
 
     bar = None
-    try:
-        bar = progress_bar(source, translator.src_tok)
-        windows = input_windows(source, 1 if stream else WINDOW_LINES)
-        done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, attention)
-    except KeyboardInterrupt:
-        message = f"interrupted after {sink.lines} output lines"
-        partial = sink.keep_partial() if isinstance(sink, LineWriter) else None
-        if partial is not None:
-            message = f"interrupted: the {sink.lines} lines done are in {partial}; {sink.path} is unchanged"
-        raise Interrupted(message, signal.SIGINT) from None
-    except BaseException:
-        sink.discard()
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-    sink.commit()
+    with sigterm_interrupts():
+        try:
+            bar = progress_bar(source, translator.src_tok)
+            windows = input_windows(source, 1 if stream else WINDOW_LINES)
+            done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, attention)
+        except KeyboardInterrupt as e:
+            message = f"interrupted after {sink.lines} output lines"
+            partial = sink.keep_partial() if isinstance(sink, LineWriter) else None
+            if partial is not None:
+                message = f"interrupted: the {sink.lines} lines done are in {partial}; {sink.path} is unchanged"
+            raise Interrupted(message, getattr(e, "signum", signal.SIGINT)) from None
+        except BaseException:
+            sink.discard()
+            raise
+        finally:
+            if bar is not None:
+                bar.close()
+        sink.commit()
     return done

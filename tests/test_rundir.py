@@ -298,7 +298,8 @@ def test_a_line_on_stdin_is_answered_before_the_input_ends(trained):
     assert proc.returncode == 0
 
 
-def test_sigint_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path, signum, code):
     out = tmp_path / "out.en"
     out.write_text("an older translation\n")
     proc = subprocess.Popen(
@@ -318,12 +319,21 @@ def test_sigint_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path):
         return bool(found) and found[0].read_text().count("\n") == 3
 
     wait_for(three_lines_written, proc)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(signum)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 130, err
+    assert proc.returncode == code, err
     assert f"{out}.partial" in err.decode() and "Traceback" not in err.decode()
     assert (tmp_path / "out.en.partial").read_text().splitlines() == [t for _, t in PAIRS[:3]]
     assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
+
+
+def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path):
+    out = tmp_path / "out.en"
+    (tmp_path / "out.en.partial").write_text("the prefix an interrupted run kept\n")
+    done = nmt("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", out)
+    assert done.returncode == 0, done.stderr
+    assert out.read_text().splitlines() == [t for _, t in PAIRS]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.en"]
 
 
 def test_nbest_beyond_the_beam_is_an_error(trained):
