@@ -127,10 +127,35 @@ def cmd_translate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What eval-bleu uses only to translate: with --hyp each would be silently ignored.
+_TRANSLATING_OPTIONS = (
+    "model",
+    "src",
+    "output",
+    "beam_size",
+    "length_penalty",
+    "max_len_a",
+    "max_len_b",
+    "batch_tokens",
+    "precision",
+)
+
+
+def _check_hyp_alone(args: argparse.Namespace) -> None:
+    """--hyp scores a file as it is: refuse it with any option for translating one."""
+    given = [f"--{name.replace('_', '-')}" for name in _TRANSLATING_OPTIONS if getattr(args, name) is not None]
+    if args.hyp is not None and given:
+        raise NMTError(
+            f"conflicting options: --hyp with {', '.join(given)}: --hyp scores a file as it is; "
+            "to translate and score, give --model RUN_DIR --src FILE without --hyp"
+        )
+
+
 def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from nmt.corpus import read_lines
     from nmt.scoring import corpus_scores
 
+    _check_hyp_alone(args)
     refs = [read_lines(Path(r)) for r in args.ref]
     if args.model:
         from nmt.rundir import RunDir

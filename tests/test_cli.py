@@ -95,6 +95,22 @@ def test_eval_bleu_equals_sacrebleu(tmp_path, capsys):
     assert code == 0 and "BLEU" in out and "chrF" in out and "nrefs:1" in out
 
 
+def test_eval_bleu_refuses_hyp_with_options_for_translating(trained_run, tmp_path, capsys):
+    run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    hyp = tmp_path / "hyp.en"
+    hyp.write_text("a wrong translation\n" * len(PAIRS))
+    for extra, named in (
+        (["--model", run, "--src", src], "--model, --src"),  # was: --hyp ignored, a fresh translation scored
+        (["--output", tmp_path / "out.en"], "--output"),
+        (["--src", src], "--src"),
+        (["--beam-size", "2"], "--beam-size"),
+    ):
+        code, out, err = run_cli(["eval-bleu", "--hyp", hyp, "--ref", ref, *extra], capsys)
+        assert code == 2 and out == "" and err.count("\n") == 1, (extra, err)
+        assert f"conflicting options: --hyp with {named}:" in err
+    assert not (tmp_path / "out.en").exists()
+
+
 def _bad_inputs(tmp_path: Path):
     """(name, argv, expected substring of the one-line error)."""
     good = tiny_config(tmp_path)
