@@ -216,7 +216,8 @@ def _report_parsers(sub) -> None:
         "compare",
         help="finished runs side by side: Markdown table and dev-BLEU curves (PNG)",
         description="Summarise finished runs: model, parameters, training time and speed, dev BLEU over wall "
-        "time and updates, test BLEU/chrF (beam 5) and decoding speed.",
+        "time and updates, test BLEU/chrF (each run decoded with its config's decode section: what "
+        "'nmt tune-decode' chose, where it was run) and decoding speed (greedy and beam 5, every run alike).",
     )
     p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
     p.add_argument("--out", default="report", help="output directory (default: report)")

@@ -113,8 +113,8 @@ def markdown_table(runs: list[RunSummary]) -> str:
     return head + "\n".join(rows) + "\n" + foot
 
 
-def plot_curves(runs: list[RunSummary], path: Path) -> None:
-    """dev BLEU over wall time and over updates, written atomically to ``path`` (PNG)."""
+def _pyplot():
+    """matplotlib.pyplot (drawing off-screen), or the error naming the extra to install."""
     try:
         import matplotlib
 
@@ -122,6 +122,12 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
         import matplotlib.pyplot as plt
     except ImportError:
         raise NMTError("the figure needs matplotlib: pip install 'nmt[report]'") from None
+    return plt
+
+
+def plot_curves(runs: list[RunSummary], path: Path) -> None:
+    """dev BLEU over wall time and over updates, written atomically to ``path`` (PNG)."""
+    plt = _pyplot()
     fig, (by_time, by_update) = plt.subplots(1, 2, figsize=(11, 4))
     for r in runs:
         label = f"{r.name} ({r.model_type})"
@@ -140,6 +146,7 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
 
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
     runs_opened = [RunDir.existing(d) for d in run_dirs]
+    _pyplot()  # a missing matplotlib is said before decoding every test set, not after
     check_output_dir(out_dir, run_dirs)
     runs = [summarize_run(run, log) for run in runs_opened]
     table = markdown_table(runs)

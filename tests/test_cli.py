@@ -270,6 +270,23 @@ def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
     assert rows[1] in stdout and rows[2] in stdout
 
 
+def test_compare_without_matplotlib_fails_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import then raises ImportError
+    out = tmp_path / "report"
+    code, stdout, err = run_cli(["compare", trained_run / "run", "--out", out], capsys)
+    assert code == 2 and stdout == ""
+    assert err.count("\n") == 1 and "pip install 'nmt[report]'" in err  # no test set decoded first
+    assert not out.exists()
+
+
+def test_compare_help_says_each_run_decodes_test_with_its_own_settings(capsys):
+    with pytest.raises(SystemExit):
+        main(["compare", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "test BLEU/chrF (each run decoded with its config's decode section" in text
+    assert "test BLEU/chrF (beam 5)" not in text
+
+
 def test_relative_paths_in_a_config_follow_it_from_any_directory(tmp_path):
     """The CLI run from elsewhere: data and run_dir are found beside the config file, not the working directory."""
     config = tiny_config(tmp_path / "project", max_updates=3, validate_every=3, warmup_updates=1)
