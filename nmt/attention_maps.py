@@ -54,10 +54,14 @@ class Selection:
         return w.mean(dim=1) if self.head is None else w[:, self.head]
 
 
-def choose(layer: str, head: str, model: ModelConfig) -> Selection:
-    """``--attention-layer`` and ``--attention-head`` as given (a number or 'mean'), checked against
-    what ``model`` records."""
-    selection = Selection(Selection.parse(layer, "--attention-layer"), Selection.parse(head, "--attention-head"))
+def choose(layer: str | None, head: str | None, model: ModelConfig) -> Selection:
+    """``--attention-layer`` and ``--attention-head`` as given (a number or 'mean'; None: not given,
+    the last layer and the mean of its heads), checked against what ``model`` records."""
+    default = Selection()
+    selection = Selection(
+        default.layer if layer is None else Selection.parse(layer, "--attention-layer"),
+        default.head if head is None else Selection.parse(head, "--attention-head"),
+    )
     selection.check(*recorded_shape(model))
     return selection
 

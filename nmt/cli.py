@@ -146,8 +146,8 @@ def _translate_parsers(sub) -> None:
         metavar="DIR",
         help="also write each line's attention map: DIR/NNNNN.png (heatmap) and DIR/NNNNN.json (all weights)",
     )
-    p.add_argument("--attention-layer", default="-1", help="decoder layer to show (default -1, the last), or 'mean'")
-    p.add_argument("--attention-head", default="mean", help="attention head to show, or 'mean' (default)")
+    p.add_argument("--attention-layer", help="decoder layer to show (default -1, the last), or 'mean'")
+    p.add_argument("--attention-head", help="attention head to show, or 'mean' (default)")
     p.add_argument(
         "--nbest",
         type=_positive_int,

@@ -98,7 +98,8 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
     except BaseException:
         sink.discard()
         raise
-    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
+    as_nbest = getattr(args, "nbest", None) is not None or decode.nbest > 1  # --nbest 1 asks for the format too
+    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps, as_nbest)
 
 
 def _check_not_in_run(output: str | None, run) -> None:
@@ -112,6 +113,9 @@ def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.rundir import RunDir
     from nmt.streams import input_file, open_output
 
+    for option, value in (("--attention-layer", args.attention_layer), ("--attention-head", args.attention_head)):
+        if value is not None and not args.attention:
+            raise NMTError(f"{option} {value}: needs --attention DIR (it chooses what the attention maps show)")
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
     _decode_config(args, run.config())  # and so are decoding options that contradict each other
     if args.attention:

@@ -172,12 +172,18 @@ def progress_bar(source: Path | None, tokenizer):
 
 
 def translate_into(
-    translator, source: Path | None, sink, decode: DecodeConfig, stream: bool = False, attention=None
+    translator,
+    source: Path | None,
+    sink,
+    decode: DecodeConfig,
+    stream: bool = False,
+    attention=None,
+    as_nbest: bool = False,
 ) -> int:
     """Translate ``source`` (stdin if None) into ``sink`` window by window (``stream``: stdin line by
-    line); returns the lines read. Interrupted (SIGINT, or SIGTERM: exit 143), a file output keeps
-    what was done as OUTPUT.partial and leaves an older OUTPUT untouched; any failure leaves no
-    temporary file behind."""
+    line; ``as_nbest``: n-best lines); returns the lines read. Interrupted (SIGINT, or SIGTERM: exit
+    143), a file output keeps what was done as OUTPUT.partial and leaves an older OUTPUT untouched;
+    any failure leaves no temporary file behind."""
     from nmt.translate import translate_stream
 
     bar = None
@@ -185,7 +191,8 @@ def translate_into(
         try:
             bar = progress_bar(source, translator.src_tok)
             windows = input_windows(source, 1 if stream else WINDOW_LINES)
-            done = translate_stream(translator, windows, decode, sink.write, bar.update if bar else None, attention)
+            progress = bar.update if bar else None
+            done = translate_stream(translator, windows, decode, sink.write, progress, attention, as_nbest)
         except KeyboardInterrupt as e:
             message = f"interrupted after {sink.lines} output lines"
             partial = sink.keep_partial() if isinstance(sink, LineWriter) else None

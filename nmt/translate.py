@@ -167,9 +167,11 @@ def translate_stream(
     write: Callable[[list[str]], None],
     progress: Callable[[int], None] | None = None,
     attention: Callable[[int, str, str, Hypothesis], None] | None = None,
+    as_nbest: bool = False,
 ) -> int:
     """Translate window after window, handing each window's output lines to ``write`` in input
-    order as soon as it is done (n-best lines with ``decode.nbest`` > 1); returns the lines read.
+    order as soon as it is done (with ``as_nbest``, the ``decode.nbest`` best of each line as n-best
+    lines, even one; else the best one's text); returns the lines read.
     ``attention``, if given, receives (line index, source, translation, best hypothesis) of every
     non-blank line, the hypothesis with its attention weights."""
     done = 0
@@ -179,7 +181,7 @@ def translate_stream(
             text, best = hyps[0]
             if best is not None:
                 attention(done + i, window[i], text, best)
-        if decode.nbest > 1:
+        if as_nbest:
             lines = [out for i, hyps in enumerate(scored) for out in nbest_lines(done + i, hyps, decode.length_penalty)]
         else:
             lines = [hyps[0][0] for hyps in scored]

@@ -66,6 +66,23 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
         assert any(abs(lp / n - score) <= 2e-5 for n in range(1, 40)), (lp, score)
 
 
+def test_translate_nbest_1_writes_nbest_lines(trained_run, capsys):
+    run, src = trained_run / "run", trained_run / "data" / "train.de"
+    code, out, err = run_cli(["translate", "--model", run, "--input", src, "--nbest", "1", "--beam-size", "1"], capsys)
+    assert code == 0, err
+    lines = [line.split(" ||| ") for line in out.splitlines()]
+    assert [f[0] for f in lines] == [str(i) for i in range(len(PAIRS))]
+    assert [f[1] for f in lines] == [t for _, t in PAIRS] and all(f[2].startswith("F0= ") for f in lines)
+
+
+@pytest.mark.parametrize("option, value", [("--attention-layer", "0"), ("--attention-head", "1")])
+def test_attention_choice_without_attention_is_an_error(trained_run, capsys, option, value):
+    argv = ["translate", "--model", trained_run / "run", "--input", trained_run / "data" / "train.de", option, value]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert f"{option} {value}: needs --attention DIR" in err
+
+
 def test_train_again_resumes_and_stops(trained_run, capsys):
     run = trained_run / "run"
     metrics = (run / "metrics.jsonl").read_text()
