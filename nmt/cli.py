@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import signal
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -315,8 +316,11 @@ def out_of_memory_message(command: str, error: BaseException) -> str:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from nmt.signals import sigterm_interrupts
+
     try:
-        return args.func(args)
+        with sigterm_interrupts():  # ``kill`` stops any command as Ctrl-C does: its clean-up runs
+            return args.func(args)
     except NMTError as e:
         message = str(e).replace("\n", " ")
         print(f"nmt {args.command}: error: {message}", file=sys.stderr)
@@ -326,9 +330,9 @@ def _run(args: argparse.Namespace) -> int:
             raise
         print(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(f"nmt {args.command}: interrupted", file=sys.stderr)
-        return 130
+        return 128 + getattr(e, "signum", signal.SIGINT)
     except BrokenPipeError:
         return 0
 

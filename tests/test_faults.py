@@ -242,3 +242,20 @@ def test_kill_9_during_a_checkpoint_write_then_resume(tmp_path):
     assert ua == ub == 400
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
+
+
+def test_sigterm_before_training_starts_is_an_interruption_not_a_kill(tmp_path):
+    # The dev set is a FIFO nobody writes: preparing the data blocks on it until the signal comes.
+    config = tiny_config(tmp_path)
+    values = yaml.safe_load(config.read_text())
+    for lang in ("de", "en"):
+        os.mkfifo(tmp_path / f"stuck.{lang}")
+    values["data"]["dev"] = str(tmp_path / "stuck")
+    config.write_text(yaml.safe_dump(values))
+    proc = start_training(config)
+    time.sleep(3)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "nmt train: interrupted" in err and "Traceback" not in err
