@@ -182,8 +182,8 @@ def translate_into(
 ) -> int:
     """Translate ``source`` (stdin if None) into ``sink`` window by window (``stream``: stdin line by
     line; ``as_nbest``: n-best lines); returns the lines read. Interrupted (SIGINT, or SIGTERM: exit
-    143), a file output keeps what was done as OUTPUT.partial and leaves an older OUTPUT untouched;
-    any failure leaves no temporary file behind."""
+    143) or stopped by bad input midway, a file output keeps what was done as OUTPUT.partial and
+    leaves an older OUTPUT untouched; any failure leaves no temporary file behind."""
     from nmt.translate import translate_stream
 
     bar = None
@@ -199,6 +199,15 @@ def translate_into(
             if partial is not None:
                 message = f"interrupted: the {sink.lines} lines done are in {partial}; {sink.path} is unchanged"
             raise Interrupted(message, getattr(e, "signum", signal.SIGINT)) from None
+        except NMTError as e:  # bad input found midway (a line that is not UTF-8): keep what is done
+            if not (isinstance(sink, LineWriter) and sink.lines):
+                sink.discard()
+                raise
+            done_lines, partial = sink.lines, sink.keep_partial()
+            if partial is None:
+                raise
+            kept = f"the {done_lines} lines before it are in {partial}; {sink.path} is unchanged"
+            raise NMTError(f"{e}; {kept}") from None
         except BaseException:
             sink.discard()
             raise

@@ -327,6 +327,21 @@ def test_a_signal_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path
     assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
 
 
+def test_bad_input_midway_keeps_the_lines_before_it(trained, tmp_path, monkeypatch, capsys):
+    import nmt.corpus
+
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 16)  # input read (and checked) a little at a time
+    source, out = tmp_path / "in.de", tmp_path / "out.en"
+    source.write_bytes("".join(s + "\n" for s, _ in PAIRS[:3]).encode() + b"\xff\xfe broken\n")
+    out.write_text("an older translation\n")
+    assert main(["translate", "--model", str(trained / "run"), "--stream", "-i", str(source), "-o", str(out)]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith("nmt translate: error: ") and f"{source}:4: not valid UTF-8" in error
+    assert f"the 3 lines before it are in {out}.partial; {out} is unchanged" in error
+    assert (tmp_path / "out.en.partial").read_text().splitlines() == [t for _, t in PAIRS[:3]]
+    assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
+
+
 def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path):
     out = tmp_path / "out.en"
     (tmp_path / "out.en.partial").write_text("the prefix an interrupted run kept\n")
