@@ -18,6 +18,7 @@ from nmt import autotune
 from nmt.config import Config
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
+from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, check_output
 
 
@@ -56,7 +57,13 @@ def scratch_trainer(cfg: Config, suffix: str, log: Callable[[str], None]):
     from nmt.trainer import Trainer
 
     scratch = replace(cfg, run_dir=f"{cfg.run_dir}-{suffix}")
-    trainer = Trainer(scratch, RunDir(scratch.run_dir), log)
+    run = RunDir(scratch.run_dir)
+    if run.has_checkpoints():  # a trained run there is not ours to rewrite
+        raise NMTError(
+            f"{run.path}: holds a trained run's checkpoints, but is where this command keeps its scratch run "
+            f"(run_dir + '-{suffix}'): move that run, or give another run_dir"
+        )
+    trainer = Trainer(scratch, run, log)
     trainer.setup(resume=False)
     return trainer
 
@@ -226,13 +233,33 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
     return report
 
 
-def main(cfg: Config, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log) -> None:
+def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir: str | None) -> None:
+    """``--json`` may be none of what bench reads (its config, the corpora) nor a file of a run it
+    uses: the config's run, its scratch run RUN_DIR-bench, the ``--model`` run."""
+    from nmt.prepare import corpus_files
+    from nmt.rundir import RunDir
+
+    d = cfg.data
+    specs = [spec for spec in (d.train, d.dev, d.test) if spec is not None]
+    corpora = [f for spec in specs for f in corpus_files(spec, d.src_lang, d.trg_lang)]
+    check_output(json_path, [config_file, *corpora], "--json")
+    runs = [(RunDir(cfg.run_dir), cfg), (RunDir(f"{cfg.run_dir}-bench"), cfg)]
+    if model_dir is not None:
+        model_run = RunDir(model_dir)
+        runs.append((model_run, model_run.config()))
+    for run, run_cfg in runs:
+        run.check_output(json_path, "--json", run_cfg)
+
+
+def main(
+    cfg: Config, config_file: Path, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log
+) -> None:
     from nmt.rundir import RunDir
 
     if model_dir is not None:
         RunDir.existing(model_dir)  # a wrong run directory is reported before any work
     if json_path:
-        check_output(Path(json_path), [], "--json")
+        check_json_output(Path(json_path), cfg, config_file, model_dir)
     report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
     text = json.dumps(report, indent=1) + "\n"
     if json_path:

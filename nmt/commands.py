@@ -218,7 +218,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from nmt.config import load_config
 
     cfg = load_config(args.config, args.set)
-    bench.main(cfg, args.model, args.updates, args.warmup, args.decode_sentences, args.json, log)
+    bench.main(cfg, Path(args.config), args.model, args.updates, args.warmup, args.decode_sentences, args.json, log)
     return 0
 
 

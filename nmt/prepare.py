@@ -58,7 +58,8 @@ class Prepared:
     dev: EncodedCorpus
 
 
-def _corpus_files(spec: CorpusConfig, src_lang: str, trg_lang: str) -> list[Path]:
+def corpus_files(spec: CorpusConfig, src_lang: str, trg_lang: str) -> list[Path]:
+    """The local files a corpus spec reads (none for a Hugging Face dataset by name)."""
     if Path(spec.path).is_file():
         return [Path(spec.path)]
     return [p for lang in (src_lang, trg_lang) for p in plain_paths(spec.path, lang) if p.is_file()]
@@ -76,7 +77,7 @@ def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
         "synthetic": (d.synthetic, d.synthetic_seed, d.synthetic_train_pairs),
     }
     h.update(json.dumps(keys, sort_keys=True, default=str).encode())
-    for f in _corpus_files(d.train, d.src_lang, d.trg_lang):
+    for f in corpus_files(d.train, d.src_lang, d.trg_lang):
         stat = f.stat()
         h.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}".encode())
     for p in tokenizers:

@@ -48,3 +48,34 @@ def test_update_times_script_prints_one_row_per_update(tmp_path):
     assert [int(r[0]) for r in rows] == [1, 2, 3, 4]
     assert all(float(r[3]) > 0 for r in rows)  # wall ms
     assert "max/median" in result.stdout.splitlines()[-1]
+
+
+def test_bench_json_may_not_overwrite_what_it_reads_or_a_runs_files(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    short = ["--updates", "1", "--warmup", "1", "--decode-sentences", "2"]
+    assert main(["bench", "--config", str(config), *short, "--json", str(tmp_path / "first.json")]) == 0  # run-bench
+    saved = {p: p.read_bytes() for p in (config, run / "config.yaml", tmp_path / "data" / "train.en")}
+    for target, said in [
+        (config, "is the input"),
+        (tmp_path / "data" / "train.en", "is the input"),
+        (run / "config.yaml", "is the run's own config.yaml"),
+        (run / "metrics.jsonl", "is the run's own metrics.jsonl"),
+        (tmp_path / "run-bench" / "config.yaml", "is the run's own config.yaml"),
+    ]:
+        capsys.readouterr()
+        assert main(["bench", "--config", str(config), *short, "--model", str(run), "--json", str(target)]) == 2
+        err = capsys.readouterr().err
+        assert said in err and err.count("\n") == 1, err
+    assert all(p.read_bytes() == data for p, data in saved.items())
+
+
+def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config), "--set", f"run_dir={tmp_path / 'run-bench'}"]) == 0
+    kept = (tmp_path / "run-bench" / "config.yaml").read_bytes()
+    capsys.readouterr()
+    assert main(["bench", "--config", str(config), "--updates", "1", "--warmup", "1"]) == 2
+    assert "holds a trained run's checkpoints" in capsys.readouterr().err
+    assert (tmp_path / "run-bench" / "config.yaml").read_bytes() == kept
