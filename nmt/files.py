@@ -201,23 +201,38 @@ class LineWriter:
         return self._file
 
     def write(self, lines: Iterable[str]) -> None:
-        f = self._opened()
-        for line in lines:
-            f.write(line + "\n")
-            self.lines += 1
-        f.flush()
+        try:
+            f = self._opened()
+            for line in lines:
+                f.write(line + "\n")
+                self.lines += 1
+            f.flush()
+        except OSError as e:
+            raise self._failed(e) from None
 
     def commit(self) -> None:
-        f = self._opened()
-        f.flush()
-        if self.in_place:
+        try:
+            f = self._opened()
+            f.flush()
+            if self.in_place:
+                f.close()
+                return
+            os.fsync(f.fileno())
             f.close()
-            return
-        os.fsync(f.fileno())
-        f.close()
-        os.replace(self._tmp, self._target)
-        self.partial.unlink(missing_ok=True)  # what an earlier, interrupted run kept is now stale
+            os.replace(self._tmp, self._target)
+        except OSError as e:
+            raise self._failed(e) from None
+        if self.partial.is_file() or self.partial.is_symlink():  # what an earlier, interrupted run kept is stale
+            self.partial.unlink()
         fsync_dir(self._target.parent)
+
+    def _failed(self, error: OSError) -> NMTError:
+        """The one-line error of a write the system refused (a full disk): the temporary file goes at
+        once, to give its space back, and there is nothing left to keep."""
+        self.discard()
+        self.lines = 0
+        unchanged = "" if self.in_place else f"; {self.path} is unchanged"
+        return NMTError(f"{self.path}: could not write the output ({error.strerror or error}){unchanged}")
 
     def keep_partial(self) -> Path | None:
         """``PATH.partial`` holding the lines written so far (None when written in place)."""
@@ -229,6 +244,9 @@ class LineWriter:
 
     def discard(self) -> None:
         if self._file is not None:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # its last buffered lines could not be written either: they go with it
+                pass
         if not self.in_place:
             self._tmp.unlink(missing_ok=True)

@@ -94,3 +94,39 @@ def test_a_symlink_keeps_pointing_at_its_replaced_target(tmp_path):
 def test_an_output_no_file_can_be_written_beside_is_refused(tmp_path):
     with pytest.raises(NMTError, match=r"--output /proc/version: no file can be written in /proc"):
         check_output(Path("/proc/version"), [], "--output")
+
+
+def test_a_refused_write_is_one_error_and_leaves_no_temporary_file(tmp_path, monkeypatch):
+    import errno
+
+    out = tmp_path / "out.txt"
+    out.write_text("an older output\n")
+    writer = LineWriter(out)
+    writer.write(["one", "two"])
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(
+        NMTError, match=r"out.txt: could not write the output \(No space left on device\); .* is unchanged"
+    ):
+        writer.commit()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.txt"] and out.read_text() == "an older output\n"
+    writer.discard()  # the caller's clean-up after the error is harmless
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="Linux's always-full device")
+def test_a_device_that_refuses_the_bytes_is_one_error(tmp_path):
+    writer = LineWriter(Path("/dev/full"))
+    with pytest.raises(NMTError, match=r"/dev/full: could not write the output \(No space left on device\)$"):
+        writer.write(["a line"])
+
+
+def test_a_partial_of_the_same_name_that_is_a_directory_is_left_alone(tmp_path):
+    out = tmp_path / "out.txt"
+    (tmp_path / "out.txt.partial").mkdir()
+    writer = LineWriter(out)
+    writer.write(["done"])
+    writer.commit()
+    assert out.read_text() == "done\n" and (tmp_path / "out.txt.partial").is_dir()
