@@ -52,6 +52,24 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _length_penalty(text: str) -> float:
+    from nmt.config import MAX_LENGTH_PENALTY  # here: the module imports torch, which must load after limit_spinning
+
+    value = _non_negative_float(text)
+    if value > MAX_LENGTH_PENALTY:
+        raise argparse.ArgumentTypeError(f"expected a number in [0, {MAX_LENGTH_PENALTY:g}], got {text!r}")
+    return value
+
+
+def _max_len_b(text: str) -> int:
+    from nmt.config import MAX_LEN_B
+
+    value = _non_negative_int(text)
+    if value > MAX_LEN_B:
+        raise argparse.ArgumentTypeError(f"expected an integer in [0, {MAX_LEN_B}], got {text!r}")
+    return value
+
+
 def _number_list(number: Callable[[str], Any]):
     """Comma-separated values, each read by ``number`` (one of the types above)."""
 
@@ -67,13 +85,13 @@ def _number_list(number: Callable[[str], Any]):
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
     g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
-    g.add_argument("--length-penalty", type=_non_negative_float, help="alpha in score / length**alpha")
+    g.add_argument("--length-penalty", type=_length_penalty, help="alpha in score / length**alpha")
     g.add_argument(
         "--max-len-a",
         type=_non_negative_float,
         help="max output length = a * source length + b (at most the model's positions)",
     )
-    g.add_argument("--max-len-b", type=_non_negative_int, help="see --max-len-a")
+    g.add_argument("--max-len-b", type=_max_len_b, help="see --max-len-a")
     g.add_argument("--batch-tokens", type=_positive_int, help="source tokens per decoding batch")
     g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
     g.add_argument(
@@ -189,7 +207,7 @@ def _tune_parser(sub) -> None:
     p.add_argument("--beam-sizes", type=_number_list(_positive_int), default=list(BEAM_SIZES), help=f"default {beams}")
     p.add_argument(
         "--length-penalties",
-        type=_number_list(_non_negative_float),
+        type=_number_list(_length_penalty),
         default=list(LENGTH_PENALTIES),
         help=f"default {penalties}",
     )

@@ -108,6 +108,9 @@ class Config:
 
 
 # Range checks: key -> (predicate, description). Types are checked from the annotations.
+# Beyond these, length**alpha and a * src + b leave float and int64 range; nobody decodes near them.
+MAX_LENGTH_PENALTY = 10.0
+MAX_LEN_B = 1 << 31
 _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 _PROBABILITY = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
@@ -162,9 +165,9 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "train.threads": (lambda v: v == "auto" or v > 0, "must be > 0 or auto"),
     "train.max_nonfinite": _POSITIVE,
     "decode.beam_size": _POSITIVE,
-    "decode.length_penalty": _NON_NEGATIVE,
+    "decode.length_penalty": (lambda v: 0 <= v <= MAX_LENGTH_PENALTY, f"must be in [0, {MAX_LENGTH_PENALTY:g}]"),
     "decode.max_len_a": _NON_NEGATIVE,
-    "decode.max_len_b": _NON_NEGATIVE,
+    "decode.max_len_b": (lambda v: 0 <= v <= MAX_LEN_B, f"must be in [0, {MAX_LEN_B}]"),
     "decode.batch_tokens": _POSITIVE,
     "decode.nbest": _POSITIVE,
 }

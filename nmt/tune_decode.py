@@ -14,7 +14,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from nmt.config import DecodeConfig, check_beam_size
+from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig, check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
@@ -51,9 +51,9 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
     from nmt.translate import load_translator
 
-    good_penalties = penalties and all(math.isfinite(a) and a >= 0 for a in penalties)
+    good_penalties = penalties and all(math.isfinite(a) and 0 <= a <= MAX_LENGTH_PENALTY for a in penalties)
     if not beams or any(b < 1 for b in beams) or not good_penalties:
-        raise NMTError("tune-decode: beam sizes must be >= 1 and length penalties finite numbers >= 0")
+        raise NMTError(f"tune-decode: beam sizes must be >= 1 and length penalties in [0, {MAX_LENGTH_PENALTY:g}]")
     cfg = run.config()
     for beam in beams:
         check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")

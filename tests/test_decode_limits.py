@@ -82,3 +82,28 @@ def test_non_finite_or_negative_limits_on_the_command_line_are_refused(tmp_path,
         + ("expected a finite number" if value != "-1" else "expected an integer >= 0")
         + f", got '{value}'"
     ]
+
+
+@pytest.mark.parametrize("key,value", [("length_penalty", 400.0), ("max_len_b", 2**31 + 1), ("max_len_b", 10**20)])
+def test_decode_values_beyond_float_or_int64_range_are_refused_in_a_config(key, value):
+    # length**400 overflows a float at the first validation; a * src + 10**20 leaves int64.
+    values = {
+        "data": {"train": "d/train", "dev": "d/dev"},
+        "train": {"max_updates": 10, "warmup_updates": 2},
+        "decode": {key: value},
+    }
+    with pytest.raises(NMTError, match=rf"config key 'decode.{key}': .* must be in \[0, "):
+        config_from_dict(values)
+
+
+@pytest.mark.parametrize("option,value", [("--length-penalty", "400"), ("--max-len-b", "99999999999999999999")])
+def test_decode_values_beyond_range_on_the_command_line_are_refused(tmp_path, capsys, option, value):
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "--model", str(tmp_path), option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert [line for line in err.splitlines() if "error" in line] == [
+        f"nmt translate: error: argument {option}: expected "
+        + ("a number in [0, 10]" if option == "--length-penalty" else f"an integer in [0, {2**31}]")
+        + f", got '{value}'"
+    ]

@@ -41,3 +41,10 @@ def test_the_runtime_reads_the_cli_setting(tmp_path, user, expected):
     if "GOMP_SPINCOUNT" not in result.stderr:
         pytest.skip("torch here does not use GNU OpenMP")
     assert f"GOMP_SPINCOUNT = '{expected}'" in result.stderr
+
+
+def test_importing_the_cli_does_not_load_torch():
+    # The CLI bounds the OpenMP spin before torch loads the runtime: a module-level import that
+    # pulls torch into nmt.cli would load it first.
+    code = "import sys, nmt.cli; sys.exit('torch' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
