@@ -320,8 +320,16 @@ class Trainer:
     def _validate_here(self) -> dict:
         cfg, p, data = self.cfg, self.progress, self.data
         start = time.perf_counter()
-        dev_loss = evaluate_loss(self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device)
-        bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
+        try:
+            dev_loss = evaluate_loss(
+                self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device
+            )
+            bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
+        except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
+            self.save()
+            first = (str(e).strip().splitlines() or [""])[0]
+            self.log(f"validation at update {p.update} failed ({type(e).__name__}: {first}); checkpoint written")
+            raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
         is_best = bleu > p.best_bleu
         if is_best:

@@ -1,5 +1,6 @@
 """A run stopped and resumed ends with exactly the parameters of the same run left alone."""
 
+import pytest
 import torch
 from conftest import tiny_config
 
@@ -100,3 +101,21 @@ def test_a_tokenizer_made_for_other_settings_is_trained_again_before_the_first_c
     assert "training SentencePiece again" in capsys.readouterr().err
     assert (tmp_path / "run" / "spm.model").read_bytes() != first
     assert Tokenizer.load(tmp_path / "run" / "spm.model").vocab_size == 70
+
+
+def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
+    import nmt.trainer
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("something nobody foresaw")
+
+    config = tiny_config(tmp_path, max_updates=10, validate_every=7, warmup_updates=1)
+    monkeypatch.setattr(nmt.trainer, "dev_bleu", broken)
+    with pytest.raises(RuntimeError, match="nobody foresaw"):
+        main(["train", "--config", str(config)])
+    update, _ = final_weights(tmp_path / "run")
+    assert update == 7
+    assert (
+        "validation at update 7 failed (RuntimeError: something nobody foresaw); checkpoint written"
+        in (tmp_path / "run" / "train.log").read_text()
+    )
