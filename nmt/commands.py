@@ -102,6 +102,16 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
     return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps, as_nbest)
 
 
+def _check_not_in_maps(maps: Path, files: list[tuple[str, str | None]]) -> None:
+    """The attention maps' directory gets NNNNN.png and NNNNN.json: it may hold neither the input
+    nor the output, which a map of the same name would overwrite or be overwritten by."""
+    import os
+
+    for option, name in files:
+        if name not in (None, "-") and os.path.realpath(Path(name).parent) == os.path.realpath(maps):
+            raise NMTError(f"{option} {name}: lies in the --attention directory {maps}, where the maps go: move it")
+
+
 def _check_not_in_run(output: str | None, run) -> None:
     """``--output`` may be a new file in the run directory, never one of the run's own."""
     if output not in (None, "-"):
@@ -125,6 +135,8 @@ def cmd_translate(args: argparse.Namespace) -> int:
         figure_class()
         check_output_dir(Path(args.attention), [run.path], "--attention")
     source = input_file(args.input, "--input")
+    if args.attention:
+        _check_not_in_maps(Path(args.attention), [("--input", args.input), ("--output", args.output)])
     sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
     _check_not_in_run(args.output, run)
     _translate_to(args, run, source, sink)

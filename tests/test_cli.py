@@ -83,6 +83,19 @@ def test_attention_choice_without_attention_is_an_error(trained_run, capsys, opt
     assert f"{option} {value}: needs --attention DIR" in err
 
 
+@pytest.mark.parametrize("which", ["--input", "--output"])
+def test_the_attention_directory_may_hold_neither_input_nor_output(trained_run, tmp_path, capsys, which):
+    maps = tmp_path / "maps"
+    maps.mkdir()
+    named = maps / "00000.json"  # the name line 0's map gets
+    named.write_text("".join(s + "\n" for s, _ in PAIRS))
+    other = ["--output", tmp_path / "out.en"] if which == "--input" else ["--input", trained_run / "data" / "train.de"]
+    argv = ["translate", "--model", trained_run / "run", which, named, *other, "--attention", maps]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and f"{which} {named}: lies in the --attention directory" in err, err
+    assert named.read_text() == "".join(s + "\n" for s, _ in PAIRS) and sorted(maps.iterdir()) == [named]
+
+
 def test_train_again_resumes_and_stops(trained_run, capsys):
     run = trained_run / "run"
     metrics = (run / "metrics.jsonl").read_text()
