@@ -93,10 +93,10 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     )
     g.add_argument("--max-len-b", type=_max_len_b, help="see --max-len-a")
     g.add_argument("--batch-tokens", type=_positive_int, help="source tokens per decoding batch")
-    g.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
+    # No argparse defaults for these two: eval-bleu --hyp must see whether they were given.
+    g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to decode (default auto)")
     g.add_argument(
         "--checkpoint",
-        default="auto",
         metavar="WHICH",
         help="auto (default: the averaged model where its dev BLEU beats the best, else the best), best, "
         "average, last, or a file name in RUN_DIR/checkpoints",

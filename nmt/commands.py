@@ -93,7 +93,7 @@ def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> i
 
     try:
         decode = _decode_config(args, run.config())
-        translator = load_translator(run, args.device, args.precision, log, args.checkpoint)
+        translator = load_translator(run, args.device or "auto", args.precision, log, args.checkpoint or "auto")
         maps = _attention_writer(args, run, translator)
     except BaseException:
         sink.discard()
@@ -154,6 +154,8 @@ _TRANSLATING_OPTIONS = (
     "max_len_b",
     "batch_tokens",
     "precision",
+    "device",
+    "checkpoint",
 )
 
 

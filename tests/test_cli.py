@@ -134,6 +134,8 @@ def test_eval_bleu_refuses_hyp_with_options_for_translating(trained_run, tmp_pat
         (["--output", tmp_path / "out.en"], "--output"),
         (["--src", src], "--src"),
         (["--beam-size", "2"], "--beam-size"),
+        (["--checkpoint", "best"], "--checkpoint"),
+        (["--device", "cpu"], "--device"),
     ):
         code, out, err = run_cli(["eval-bleu", "--hyp", hyp, "--ref", ref, *extra], capsys)
         assert code == 2 and out == "" and err.count("\n") == 1, (extra, err)
