@@ -37,7 +37,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     run = RunDir(cfg.run_dir)
-    run.open_for_training(cfg, Path(args.config), log)
+    cfg = run.open_for_training(cfg, Path(args.config), log)
     try:
         start = time.perf_counter()
         data = prepare(cfg, run, log)

@@ -17,10 +17,12 @@ open a run with ``RunDir.existing`` and only read.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import socket
 import time
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 from nmt.config import Config, config_to_dict, config_yaml, load_config
@@ -102,6 +104,31 @@ def check_resumable(old: Config, new: Config) -> None:
             + "; ".join(diffs)
             + "); use a new run_dir"
         )
+
+
+def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[str], None]) -> Config:
+    """``new``, but with the beam size and length penalty 'nmt tune-decode' chose (its ``report``,
+    tune_decode.json) where ``new`` only repeats the values they replaced: resuming with the config
+    the run started from keeps the tuned decoding. A value of its own replaces them, with a warning."""
+    try:
+        tuned = json.loads(report.read_text())
+        chosen, before = tuned["chosen"], tuned["before"]
+    except (OSError, ValueError, KeyError, TypeError):  # never tuned, or by a version without "before"
+        return new
+    keys = ("beam_size", "length_penalty")
+    now = {k: getattr(new.decode, k) for k in keys}
+    in_force = {k: getattr(saved.decode, k) for k in keys}
+    if in_force != {k: chosen[k] for k in keys} or now == in_force:
+        return new
+    if now == {k: before[k] for k in keys}:
+        tuned_text = f"beam {chosen['beam_size']}, length penalty {chosen['length_penalty']}"
+        log(f"decode: keeping {tuned_text} ('nmt tune-decode')")
+        return replace(new, decode=replace(new.decode, **in_force))
+    log(
+        f"warning: the config's decode beam {now['beam_size']}, length penalty {now['length_penalty']} replaces "
+        f"what 'nmt tune-decode' chose ({in_force['beam_size']}, {in_force['length_penalty']}); run it again to re-tune"
+    )
+    return new
 
 
 def file_sha256(path: Path) -> str:
@@ -279,7 +306,7 @@ class RunDir:
 
     # -- writing
 
-    def open_for_training(self, cfg: Config, config_file: Path | None, log: Callable[[str], None]) -> None:
+    def open_for_training(self, cfg: Config, config_file: Path | None, log: Callable[[str], None]) -> Config:
         """Make this process the run's one writer: create the directory, take the lock, and refuse a
         config that cannot resume the run's checkpoints. The caller records the config
         (``write_config``) once its data is prepared and its checkpoint loaded, so a start that
@@ -287,6 +314,9 @@ class RunDir:
 
         The config a user wrote is never rewritten: ``run_dir`` may not be the directory of the
         config file given, unless that file is the run's own resolved config (a resume).
+
+        Returns ``cfg``, with the decoding 'nmt tune-decode' chose for the run where ``cfg`` repeats
+        what that replaced (``kept_tuned_decode``).
         """
         if config_file is not None and not _written_by_nmt(config_file):
             if config_file.absolute().parent == self.path.absolute():
@@ -311,6 +341,8 @@ class RunDir:
                 check_resumable(self.config(), cfg)
             else:
                 self._drop_stale_tokenizers(self.config(), cfg, log)
+            cfg = kept_tuned_decode(cfg, self.config(), self.tune_decode_path, log)
+        return cfg
 
     def has_checkpoints(self) -> bool:
         return self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.glob("*.pt"))

@@ -123,7 +123,7 @@ class Trainer:
             torch.cuda.set_device(self.device)
         distributed.init(world, self.device)
         if world.is_main:
-            self.run.open_for_training(cfg, config_file, self.log)
+            self.cfg = cfg = self.run.open_for_training(cfg, config_file, self.log)
             self._log_file = open(self.run.log_path, "a", encoding="utf-8")
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)

@@ -63,9 +63,11 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
         trials = grid(lambda d: [h[0] for h in translator.translate(src, d)], ref, cfg.decode, beams, penalties, log)
         best = best_trial(trials)
+        before = {"beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
         run.write_config(cfg)
-        report = {"dev": cfg.data.dev.path, "chosen": best.__dict__, "trials": [t.__dict__ for t in trials]}
+        trials_done = [t.__dict__ for t in trials]
+        report = {"dev": cfg.data.dev.path, "chosen": best.__dict__, "before": before, "trials": trials_done}
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
     finally:
         run.close()

@@ -62,3 +62,20 @@ def test_a_non_finite_length_penalty_is_refused_before_any_work(tmp_path, capsys
     with pytest.raises(NMTError, match=r"length penalties in \[0, 10\]"):
         tune_decode(RunDir(tmp_path), [2], [1.0, math.inf], "cpu", "auto", lambda _: None)
     assert not list(tmp_path.iterdir())  # refused before the run was read or locked
+
+
+def test_resuming_with_the_original_config_keeps_the_tuned_decoding(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=10, validate_every=10, warmup_updates=1)  # decode: beam 3, alpha 1.0
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1", "--length-penalties", "0.5"]) == 0
+    assert json.loads((run / "tune_decode.json").read_text())["before"] == {"beam_size": 3, "length_penalty": 1.0}
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=12"]) == 0
+    assert "keeping beam 1, length penalty 0.5 ('nmt tune-decode')" in capsys.readouterr().err
+    decode = RunDir.existing(run).config().decode
+    assert (decode.beam_size, decode.length_penalty) == (1, 0.5)
+    # A value of the user's own replaces the tuned one, and says so.
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=14", "--set", "decode.beam_size=2"]) == 0
+    assert "replaces what 'nmt tune-decode' chose (1, 0.5)" in capsys.readouterr().err
+    assert RunDir.existing(run).config().decode.beam_size == 2
