@@ -276,13 +276,10 @@ class ShardedCorpus:
                 try:
                     size = path.stat().st_size
                     if size != meta["bytes"][key]:
-                        raise NMTError(
-                            f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?); "
-                            f"delete {directory} and prepare again"
-                        )
+                        raise NMTError(f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?)")
                     files[key] = _NpyReader(path)
                 except (OSError, ValueError) as e:
-                    raise NMTError(f"{path}: unreadable shard ({e}); delete {directory} and prepare again") from None
+                    raise NMTError(f"{path}: unreadable shard ({e})") from None
             self._files.append(files)
         counts = [files["off"].shape[1] - 1 for files in self._files]
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)

@@ -129,7 +129,7 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
             corpus = ShardedCorpus(directory)
         except NMTError as damage:
             if not run.writable:  # only the run's writer may delete and rebuild them
-                raise
+                raise NMTError(f"{damage}; delete {directory} and prepare again") from None
             log(f"train: {damage}; encoding the training data again")
             shutil.rmtree(directory)
         else:

@@ -244,6 +244,8 @@ class Trainer:
         if world.enabled:  # dropout masks differ per rank, and do not depend on how the run was resumed
             torch.manual_seed(rank_seed(self.cfg.seed, world.rank, p.update))
         batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in mine]
+        for batch in batches:
+            self._check_ids(batch)
         # Every rank knows every pair's length, so the update's token count needs no communication.
         n_tokens = sum(int(data.trg_lens[rows].sum(dtype=np.int64)) + len(rows) for rows in group)
         # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
@@ -287,6 +289,19 @@ class Trainer:
             "trg_tokens": n_tokens,
             "src_tokens": int(src_tokens),
         }
+
+    def _check_ids(self, batch) -> None:
+        """Token ids outside the vocabularies mean a damaged shard (one of the right size; a short one
+        is found when the shards are opened): a one-line error instead of an IndexError deep in the
+        embedding. Cheap: two maxima over a batch of ids, on the host."""
+        for ids, vocab in ((batch.src, self.data.src_tok.vocab_size), (batch.trg_out, self.data.trg_tok.vocab_size)):
+            low, high = int(ids.min()), int(ids.max())
+            if low < 0 or high >= vocab:
+                raise NMTError(
+                    f"{self.run.train_data_dir}: a training shard holds token id {low if low < 0 else high}, outside "
+                    f"the vocabulary of {vocab}: the shard is damaged; delete that directory and train again to "
+                    "encode the data anew"
+                )
 
     def _skip_nonfinite(self) -> None:
         p, limit = self.progress, self.cfg.train.max_nonfinite

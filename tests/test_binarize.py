@@ -167,7 +167,7 @@ def test_truncated_shard_is_refused_with_its_name(tmp_path):
     victim.write_bytes(victim.read_bytes()[:-10])
     with pytest.raises(NMTError) as err:
         bz.ShardedCorpus(victim.parent)
-    assert str(victim) in str(err.value) and "truncated" in str(err.value) and "prepare again" in str(err.value)
+    assert str(victim) in str(err.value) and "truncated" in str(err.value)
 
 
 def test_the_run_writer_encodes_damaged_shards_again(tmp_path):
@@ -178,7 +178,7 @@ def test_the_run_writer_encodes_damaged_shards_again(tmp_path):
     first.close()
     victim = run.train_data_dir / "shard-00001.trg.npy"
     victim.write_bytes(victim.read_bytes()[:-10])
-    with pytest.raises(NMTError, match="truncated"):  # a reader (another rank) may not touch them
+    with pytest.raises(NMTError, match="truncated.*; delete .* and prepare again"):  # a reader may not touch them
         prepare(cfg, run, lambda m: None)
     logged = []
     run.lock(logged.append)
@@ -229,3 +229,17 @@ def test_reusing_prepared_shards_does_not_read_the_training_corpus(tmp_path, mon
     lines = []
     assert len(prepare(cfg, RunDir(cfg.run_dir), lines.append).train) > 0
     assert any("reusing" in line for line in lines)
+
+
+def test_a_shard_damaged_in_place_is_a_one_line_error_not_an_index_error(tmp_path, capsys):
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["prepare", "--config", str(config)]) == 0
+    victim = tmp_path / "run" / "data" / "train" / "shard-00000.trg.npy"
+    data = victim.read_bytes()
+    victim.write_bytes(data[:-20] + b"\xff" * 20)  # the same size: only the ids tell
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err.splitlines()[-1]
+    assert "a training shard holds token id" in err and "the shard is damaged" in err and "IndexError" not in err
