@@ -141,6 +141,8 @@ def open_output(path: str | None, inputs: list[Path], option: str, collect: bool
     every input (``files.check_output``); with ``collect`` they are also kept (``collected``), and
     stdout gets nothing."""
     if path is None or path == "-":
+        if sys.stdout is None and not collect:  # started with stdout closed (>&-)
+            raise NMTError(f"standard output is closed: give {option} FILE")
         return CollectedLines() if collect else StdoutLines()
     check_output(Path(path), inputs, option)
     return CollectedFileLines(Path(path)) if collect else LineWriter(Path(path))
@@ -149,6 +151,8 @@ def open_output(path: str | None, inputs: list[Path], option: str, collect: bool
 def input_file(path: str | None, option: str) -> Path | None:
     """A readable input file, or None for stdin; a one-line error otherwise."""
     if path is None or path == "-":
+        if sys.stdin is None:  # started with stdin closed (<&-)
+            raise NMTError(f"standard input is closed: give {option} FILE")
         return None
     source = Path(path)
     if not source.exists():

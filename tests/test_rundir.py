@@ -380,3 +380,20 @@ def test_run_layout(tmp_path):
     run = RunDir(tmp_path / "r")
     assert run.tokenizer_paths(joint) == (tmp_path / "r" / "spm.model",) * 2
     assert run.tokenizer_paths(separate) == (tmp_path / "r" / "spm.de.model", tmp_path / "r" / "spm.en.model")
+
+
+@pytest.mark.parametrize(
+    "fd, said", [(0, "standard input is closed: give --input FILE"), (1, "standard output is closed")]
+)
+def test_a_closed_standard_stream_is_a_one_line_error(trained, fd, said):
+    args = ["translate", "--model", trained / "run"] + (["-i", trained / "data" / "train.de"] if fd == 1 else [])
+    done = subprocess.run(
+        [sys.executable, "-m", "nmt", *map(str, args)],
+        stdin=None if fd == 1 else subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL if fd == 0 else None,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: os.close(fd),
+        timeout=300,
+    )
+    assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
