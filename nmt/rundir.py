@@ -219,7 +219,8 @@ class RunDir:
         if which == "average":
             found = manager.average_path()
             if found is None:
-                raise NMTError(f"{self.path}: no averaged checkpoint: make one with 'nmt average --model {self.path}'")
+                make = f"nmt average --model {self.path} --last N"
+                raise NMTError(f"{self.path}: no averaged checkpoint: make one with '{make}'")
             return found[0]
         if which == "last":
             path = latest[0].path if latest else None
