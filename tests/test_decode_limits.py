@@ -57,27 +57,35 @@ def test_a_source_longer_than_the_positions_is_truncated_with_a_warning(run_with
     ]
 
 
+def config_with_decode(key: str, value) -> dict:
+    return {
+        "data": {"train": "d/train", "dev": "d/dev"},
+        "train": {"max_updates": 10, "warmup_updates": 2},
+        "decode": {key: value},
+    }
+
+
+def command_line_errors(tmp_path, capsys, option: str, value: str) -> list[str]:
+    """The error lines of ``nmt translate OPTION VALUE``, which argparse must refuse (exit 2)."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["translate", "--model", str(tmp_path), option, value])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    return [line for line in err.splitlines() if "error" in line]
+
+
 @pytest.mark.parametrize(
     "key,value",
     [("max_len_a", float("inf")), ("max_len_a", float("nan")), ("max_len_a", -1.0), ("length_penalty", float("nan"))],
 )
 def test_non_finite_or_negative_decode_values_in_a_config_are_refused(key, value):
-    values = {
-        "data": {"train": "d/train", "dev": "d/dev"},
-        "train": {"max_updates": 10, "warmup_updates": 2},
-        "decode": {key: value},
-    }
     with pytest.raises(NMTError, match=f"config key 'decode.{key}': .*(is not a finite number|must be >= 0)"):
-        config_from_dict(values)
+        config_from_dict(config_with_decode(key, value))
 
 
 @pytest.mark.parametrize("option,value", [("--max-len-a", "inf"), ("--max-len-a", "nan"), ("--max-len-b", "-1")])
 def test_non_finite_or_negative_limits_on_the_command_line_are_refused(tmp_path, capsys, option, value):
-    with pytest.raises(SystemExit) as exit_:
-        main(["translate", "--model", str(tmp_path), option, value])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "Traceback" not in err
-    assert [line for line in err.splitlines() if "error" in line] == [
+    assert command_line_errors(tmp_path, capsys, option, value) == [
         f"nmt translate: error: argument {option}: "
         + ("expected a finite number" if value != "-1" else "expected an integer >= 0")
         + f", got '{value}'"
@@ -87,22 +95,13 @@ def test_non_finite_or_negative_limits_on_the_command_line_are_refused(tmp_path,
 @pytest.mark.parametrize("key,value", [("length_penalty", 400.0), ("max_len_b", 2**31 + 1), ("max_len_b", 10**20)])
 def test_decode_values_beyond_float_or_int64_range_are_refused_in_a_config(key, value):
     # length**400 overflows a float at the first validation; a * src + 10**20 leaves int64.
-    values = {
-        "data": {"train": "d/train", "dev": "d/dev"},
-        "train": {"max_updates": 10, "warmup_updates": 2},
-        "decode": {key: value},
-    }
     with pytest.raises(NMTError, match=rf"config key 'decode.{key}': .* must be in \[0, "):
-        config_from_dict(values)
+        config_from_dict(config_with_decode(key, value))
 
 
 @pytest.mark.parametrize("option,value", [("--length-penalty", "400"), ("--max-len-b", "99999999999999999999")])
 def test_decode_values_beyond_range_on_the_command_line_are_refused(tmp_path, capsys, option, value):
-    with pytest.raises(SystemExit) as exit_:
-        main(["translate", "--model", str(tmp_path), option, value])
-    err = capsys.readouterr().err
-    assert exit_.value.code == 2 and "Traceback" not in err
-    assert [line for line in err.splitlines() if "error" in line] == [
+    assert command_line_errors(tmp_path, capsys, option, value) == [
         f"nmt translate: error: argument {option}: expected "
         + ("a number in [0, 10]" if option == "--length-penalty" else f"an integer in [0, {2**31}]")
         + f", got '{value}'"
