@@ -338,11 +338,12 @@ class RunDir:
                 raise NMTError(
                     f"{self.config_path}: exists and was not written by 'nmt train'; move it or choose another run_dir"
                 )
+            saved = self.config()
             if self.has_checkpoints():
-                check_resumable(self.config(), cfg)
+                check_resumable(saved, cfg)
             else:
-                self._drop_stale_tokenizers(self.config(), cfg, log)
-            cfg = kept_tuned_decode(cfg, self.config(), self.tune_decode_path, log)
+                self._drop_stale_tokenizers(saved, cfg, log)
+            cfg = kept_tuned_decode(cfg, saved, self.tune_decode_path, log)
         return cfg
 
     def has_checkpoints(self) -> bool:
