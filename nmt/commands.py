@@ -76,25 +76,25 @@ def _decode_config(args: argparse.Namespace, cfg):
     return decode
 
 
-def _attention_writer(args: argparse.Namespace, run, translator):
+def _attention_writer(args: argparse.Namespace, cfg, translator):
     if not getattr(args, "attention", None):
         return None
     from nmt.attention_maps import AttentionWriter, choose
 
-    selection = choose(args.attention_layer, args.attention_head, run.config().model)
+    selection = choose(args.attention_layer, args.attention_head, cfg.model)
     return AttentionWriter(Path(args.attention), translator.src_tok, translator.trg_tok, selection, images=True)
 
 
-def _translate_to(args: argparse.Namespace, run, source: Path | None, sink) -> int:
+def _translate_to(args: argparse.Namespace, run, cfg, source: Path | None, sink) -> int:
     """Translate ``source`` (stdin if None) into ``sink`` with the run's checkpoint and the decoding
-    options given; returns the lines read."""
+    options given (``cfg``: the run's config); returns the lines read."""
     from nmt.streams import translate_into
     from nmt.translate import load_translator
 
     try:
-        decode = _decode_config(args, run.config())
+        decode = _decode_config(args, cfg)
         translator = load_translator(run, args.device or "auto", args.precision, log, args.checkpoint or "auto")
-        maps = _attention_writer(args, run, translator)
+        maps = _attention_writer(args, cfg, translator)
     except BaseException:
         sink.discard()
         raise
@@ -112,10 +112,10 @@ def _check_not_in_maps(maps: Path, files: list[tuple[str, str | None]]) -> None:
             raise NMTError(f"{option} {name}: lies in the --attention directory {maps}, where the maps go: move it")
 
 
-def _check_not_in_run(output: str | None, run) -> None:
+def _check_not_in_run(output: str | None, run, cfg) -> None:
     """``--output`` may be a new file in the run directory, never one of the run's own."""
     if output not in (None, "-"):
-        run.check_output(Path(output), "--output", run.config())
+        run.check_output(Path(output), "--output", cfg)
 
 
 def cmd_translate(args: argparse.Namespace) -> int:
@@ -127,19 +127,20 @@ def cmd_translate(args: argparse.Namespace) -> int:
         if value is not None and not args.attention:
             raise NMTError(f"{option} {value}: needs --attention DIR (it chooses what the attention maps show)")
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
-    _decode_config(args, run.config())  # and so are decoding options that contradict each other
+    cfg = run.config()
+    _decode_config(args, cfg)  # and so are decoding options that contradict each other
     if args.attention:
         from nmt.attention_maps import choose, figure_class
 
-        choose(args.attention_layer, args.attention_head, run.config().model)
+        choose(args.attention_layer, args.attention_head, cfg.model)
         figure_class()
         check_output_dir(Path(args.attention), [run.path], "--attention")
     source = input_file(args.input, "--input")
     if args.attention:
         _check_not_in_maps(Path(args.attention), [("--input", args.input), ("--output", args.output)])
-    sink = open_output(args.output, [p for p in [source] if p] + run.model_files(run.config()), "--output")
-    _check_not_in_run(args.output, run)
-    _translate_to(args, run, source, sink)
+    sink = open_output(args.output, [p for p in [source] if p] + run.model_files(cfg), "--output")
+    _check_not_in_run(args.output, run, cfg)
+    _translate_to(args, run, cfg, source, sink)
     return 0
 
 
@@ -182,15 +183,16 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         if not args.src:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
         run = RunDir.existing(args.model)
-        _decode_config(args, run.config())
+        cfg = run.config()
+        _decode_config(args, cfg)
         source = input_file(args.src, "--src")
         n_src = sum(1 for _ in read_lines(source))
         if n_src != len(refs[0]):
             raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
-        inputs = [source, *map(Path, args.ref), *run.model_files(run.config())]
+        inputs = [source, *map(Path, args.ref), *run.model_files(cfg)]
         sink = open_output(args.output, inputs, "--output", collect=True)
-        _check_not_in_run(args.output, run)
-        _translate_to(args, run, source, sink)
+        _check_not_in_run(args.output, run, cfg)
+        _translate_to(args, run, cfg, source, sink)
         hyps = sink.collected
         if args.output == "-":
             StdoutLines().write(hyps)
