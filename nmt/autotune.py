@@ -1,15 +1,17 @@
-"""Measured ``auto`` choices: precision, attention kernel and CPU threads.
+"""Measured ``auto`` choices: precision, attention kernel, the fp32 product library and CPU threads.
 
 Which settings are fastest depends on the machine, so ``auto`` is a measurement, not a rule. bf16
 autocast runs several times faster than fp32 on a CPU with AMX, and several times slower where
 oneDNN only emulates bf16 (AVX-512 without AVX512-BF16), though torch calls bf16 "supported" on
 both. The fused SDPA attention kernel beats two plain matmuls in fp32 on a CPU and loses badly in
-bf16. So at start-up a copy of the model with one encoder and one decoder layer (the run's width,
-heads, feed-forward size and vocabulary) takes a few training steps on a batch of the run's kind,
-for each candidate in turn: precision, then attention kernel, then threads. The fastest wins, under
-one rule: a candidate replaces the default (fp32; SDPA; all cores; bf16 over fp16) only if it is at
-least ``MARGIN`` faster, so ``auto`` is never slower than fp32 and noise never flips a choice for
-nothing.
+bf16. torch's BLAS (MKL) runs AVX2 kernels on AMD CPUs, where oneDNN's fp32 products ran twice
+as fast (nmt/models/linear.py). So at start-up a copy of the
+model with one encoder and one decoder layer (the run's width, heads, feed-forward size and
+vocabulary) takes a few training steps on a batch of the run's kind, for each candidate in turn:
+the fp32 product library, then precision and attention kernel, then threads. The fastest wins,
+under one rule: a candidate replaces the default (BLAS; fp32; SDPA; all cores; bf16 over fp16)
+only if it is at least ``MARGIN`` faster, so ``auto`` is never slower than fp32 and noise never
+flips a choice for nothing.
 
 The result is cached per machine in ``$NMT_CACHE_DIR`` (default ``~/.cache/nmt``), keyed by the
 CPU's model and flags or the GPU, the torch version, the ISA limits set in the environment and the
@@ -37,9 +39,11 @@ import torch
 
 from nmt.config import ModelConfig, TrainConfig
 from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates
+from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
+from nmt.models.linear import FP32_MATMULS, onednn_available
 
-VERSION = 3  # bump when the measurement changes, so old cache entries are not reused
+VERSION = 4  # bump when the measurement changes, so old cache entries are not reused
 MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
 BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
 CACHE_FILE = "autotune.json"
@@ -53,10 +57,12 @@ class Request:
     precision: str = "auto"
     attention: str = "auto"
     threads: int | str = "auto"
+    fp32_matmul: str = "auto"
 
     @classmethod
     def from_train(cls, t: TrainConfig, precision: str | None = None) -> Request:
-        return cls(precision or t.precision, t.attention, "auto" if t.threads is None else t.threads)
+        threads = "auto" if t.threads is None else t.threads
+        return cls(precision or t.precision, t.attention, threads, t.fp32_matmul)
 
 
 @dataclass(frozen=True)
@@ -70,11 +76,13 @@ class Choice:
     source: str = "config"  # config | measured | cached
     measured_on: str = ""
     cpu_use: float | None = None  # CPU time / (wall time x threads) while measuring, on a CPU
+    fp32_matmul: str = "blas"  # library of fp32 CPU training products: blas or onednn
 
     def describe(self) -> str:
         """One line for the log: the choice, and the figures it was made on."""
         threads = f", {self.threads} threads" if self.threads is not None else ""
-        head = f"precision {self.precision}, attention {self.attention}{threads}"
+        library = f", fp32 matmul {self.fp32_matmul}" if self.precision == "fp32" and self.threads is not None else ""
+        head = f"precision {self.precision}{library}, attention {self.attention}{threads}"
         if not self.timings:
             return f"{head} (from the config)"
         figures = "; ".join(
@@ -213,6 +221,7 @@ def _choice_from_entry(entry: object) -> Choice | None:
             timings={str(d): {str(k): float(v) for k, v in o.items()} for d, o in entry["timings"].items()},
             source="cached",
             measured_on=str(entry["measured_on"]),
+            fp32_matmul=str(entry["fp32_matmul"]),
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -220,6 +229,7 @@ def _choice_from_entry(entry: object) -> Choice | None:
         choice.precision in ("fp32", "bf16", "fp16")
         and choice.attention in ("sdpa", "explicit")
         and (choice.threads is None or choice.threads > 0)
+        and choice.fp32_matmul in FP32_MATMULS
     )
     return choice if valid else None
 
@@ -337,9 +347,10 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
     optimizer = adamw(model.parameters(), lr=1e-4)
     batch = Batch(*_batch(shape, device), n_trg_tokens=0, n_src_tokens=0, indices=[])
 
-    def step_with(precision: str, attention: str) -> Callable[[], None]:
+    def step_with(precision: str, attention: str, library: str) -> Callable[[], None]:
         def step() -> None:
             model.set_attention_kernel(attention)
+            model.set_fp32_matmul(library)
             optimizer.zero_grad(set_to_none=True)
             loss, _ = teacher_forced_loss(model, model, batch, 0.1, 0, Precision(device.type, precision))
             loss.backward()
@@ -360,7 +371,12 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
         if request.attention == "auto":
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
         usage: list[tuple[float, float]] = []
-        grid = race({f"{p}/{a}": step_with(p, a) for p in precisions for a in kernels}, device, usage=usage)
+        library = "blas" if request.fp32_matmul == "auto" else request.fp32_matmul
+        if measures_fp32_matmul(request, shape.model.type, device.type):
+            options = race({name: step_with("fp32", kernels[0], name) for name in FP32_MATMULS}, device, usage=usage)
+            timings["fp32 matmul"] = options
+            library = pick(options, "blas")
+        grid = race({f"{p}/{a}": step_with(p, a, library) for p in precisions for a in kernels}, device, usage=usage)
         use = cpu_use(usage, torch.get_num_threads()) if device.type == "cpu" else None
         timings["precision/attention"] = grid
         precision, attention = decide(grid, precisions, kernels)
@@ -370,7 +386,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
                 threads = world_threads
             elif request.threads == "auto":
                 cpus = usable_cpus()
-                run = step_with(precision, attention)
+                run = step_with(precision, attention, library)
 
                 def on(n: int) -> Callable[[], None]:
                     return lambda: (torch.set_num_threads(n), run())
@@ -382,7 +398,28 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
                 threads = int(request.threads)
     finally:
         torch.set_num_threads(threads_before)
-    return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)), use)
+    return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)), use, library)
+
+
+def measures_fp32_matmul(request: Request, model_type: str, device_type: str) -> bool:
+    """Whether ``auto`` times the fp32 product libraries: on a CPU, for a Transformer (the layers
+    that can use oneDNN), where fp32 may be chosen and this torch build has oneDNN."""
+    return (
+        request.fp32_matmul == "auto"
+        and request.precision in ("auto", "fp32")
+        and device_type == "cpu"
+        and model_type == "transformer"
+        and onednn_available()
+    )
+
+
+def check_fp32_matmul(name: str, device_type: str) -> None:
+    """Refuse, naming the key, the oneDNN library asked for by name where it cannot run."""
+    key = "config key 'train.fp32_matmul'"
+    if name == "onednn" and device_type != "cpu":
+        raise NMTError(f"{key}: onednn is a CPU library; use auto or blas on a GPU")
+    if name == "onednn" and not onednn_available():
+        raise NMTError(f"{key}: this torch build cannot send products to oneDNN; use auto or blas")
 
 
 # ---------------------------------------------------------------------------- the entry point
@@ -405,12 +442,14 @@ def choose(
     """
     check_precision(request.precision, device.type, bf16_available(device))
     needs = [request.precision == "auto", request.attention == "auto"]
+    needs.append(measures_fp32_matmul(request, model.type, device.type))
     if device.type == "cpu" and world_threads is None:
         needs.append(request.threads == "auto")
     if not any(needs):
         threads = None if device.type != "cpu" else world_threads or int(request.threads)
         attention = "sdpa" if request.attention == "auto" else request.attention
-        return Choice(request.precision, attention, threads)
+        library = "blas" if request.fp32_matmul == "auto" else request.fp32_matmul
+        return Choice(request.precision, attention, threads, fp32_matmul=library)
     info = machine(device)
     shape = tuning_shape(model, vocab, max_tokens, max_len, device.type)
     if world_threads is not None:
@@ -422,7 +461,7 @@ def choose(
     if cached is not None:
         return cached
     start = time.perf_counter()
-    log(f"auto: measuring precision/attention/threads on {machine_name(info)} ...")
+    log(f"auto: measuring products/precision/attention/threads on {machine_name(info)} ...")
     choice = measure(request, shape, device, world_threads)
     if choice.cpu_use is not None and choice.cpu_use < BUSY_CPU_USE:
         log(

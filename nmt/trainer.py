@@ -139,6 +139,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
         self.model.set_attention_kernel(self.choice.attention)
+        self.model.set_fp32_matmul(self.choice.fp32_matmul)
         t = cfg.train
         self.optimizer = adamw(
             self.model.parameters(), lr=t.lr_peak, betas=t.betas, eps=t.adam_eps, weight_decay=t.weight_decay
@@ -179,6 +180,7 @@ class Trainer:
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
             world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
         choice = None
+        autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
         if world.is_main:
             request = autotune.Request.from_train(cfg.train)
             t, d = cfg.train, cfg.data

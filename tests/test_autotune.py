@@ -102,7 +102,7 @@ def test_cache_key_follows_the_machine_and_the_request(tmp_path, counted, monkey
 
 
 def test_nothing_auto_measures_nothing(tmp_path, counted):
-    choice = _choose(tmp_path, Request("fp32", "explicit", 1))
+    choice = _choose(tmp_path, Request("fp32", "explicit", 1, "blas"))
     assert (choice.precision, choice.attention, choice.threads, choice.source) == ("fp32", "explicit", 1, "config")
     assert not counted and not (tmp_path / autotune.CACHE_FILE).exists()
 
@@ -243,6 +243,8 @@ def _check_consistent(result: dict) -> dict:
     precisions = list(dict.fromkeys(k.split("/")[0] for k in grid))
     kernels = list(dict.fromkeys(k.split("/")[1] for k in grid))
     assert (choice["precision"], choice["attention"]) == decide(grid, precisions, kernels)
+    libraries = choice["timings"].get("fp32 matmul")
+    assert choice["fp32_matmul"] == (pick(libraries, "blas") if libraries else "blas")
     return choice
 
 
@@ -299,10 +301,10 @@ def test_train_logs_the_choice_and_translate_reuses_it(tmp_path, capsys, monkeyp
 
 def test_set_overrides_the_measurement(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
-    sets = ["train.precision=fp32", "train.attention=explicit", "train.threads=1"]
+    sets = ["train.precision=fp32", "train.attention=explicit", "train.threads=1", "train.fp32_matmul=blas"]
     assert main(["train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]) == 0
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "kernels: precision fp32, attention explicit, 1 threads (from the config)" in log
+    assert "kernels: precision fp32, fp32 matmul blas, attention explicit, 1 threads (from the config)" in log
 
 
 def _nmt(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:

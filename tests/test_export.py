@@ -200,7 +200,7 @@ def fake_run(tokenizers, tmp_path):
     def make(model_type="transformer", **model):
         config = yaml.safe_load(tiny_config(tmp_path, model_type).read_text())
         config["model"].update(model)
-        config["train"].update(attention="explicit", threads=1)  # nothing for autotune to measure
+        config["train"].update(attention="explicit", threads=1, fp32_matmul="blas")  # nothing for autotune to measure
         run = tmp_path / "run"
         (run / "checkpoints").mkdir(parents=True, exist_ok=True)
         (run / "config.yaml").write_text(yaml.safe_dump(config))

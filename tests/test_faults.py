@@ -42,14 +42,15 @@ def final_model(run_dir: Path):
     return latest.update, checkpoint.load(latest.path)["model"]
 
 
-# One thread: ``auto`` does not cache what it measured on a busy machine, so two runs may choose other
-# thread counts, and sums over other thread counts round differently.
+# One thread and one product library: ``auto`` does not cache what it measured on a busy machine, so
+# two runs may choose others, and sums over other thread counts or by another library round differently.
 SETTINGS = [
     "model.dropout=0.1",
     "train.max_updates=400",
     "train.validate_every=10",
     "train.max_tokens=128",
     "train.threads=1",
+    "train.fp32_matmul=blas",
 ]
 
 

@@ -6,8 +6,11 @@ from conftest import tiny_config
 
 from nmt import checkpoint
 from nmt.cli import main
+from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
 from nmt.trainer import resumed_position
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
 
 
 def final_weights(run_dir):
@@ -15,12 +18,13 @@ def final_weights(run_dir):
     return latest.update, checkpoint.load(latest.path)["model"]
 
 
-def test_stop_and_resume_equals_uninterrupted(tmp_path):
+@pytest.mark.parametrize("library", ["blas", pytest.param("onednn", marks=needs_onednn)])
+def test_stop_and_resume_equals_uninterrupted(tmp_path, library):
     # Dropout on, so the random-number state must be restored too; several epochs, so the
     # data order of a later epoch must continue as it would have.
-    # One thread in both: ``auto`` measured on a busy machine may choose another count for each
-    # run, and sums over other thread counts round differently.
-    overrides = ["--set", "model.dropout=0.1", "--set", "train.threads=1"]
+    # One thread and one product library in both: ``auto`` measured on a busy machine may choose
+    # others for each run, and sums over other thread counts or by another library round differently.
+    overrides = ["--set", "model.dropout=0.1", "--set", "train.threads=1", "--set", f"train.fp32_matmul={library}"]
     straight = tiny_config(tmp_path / "a", max_updates=40, validate_every=10, max_tokens=128)
     assert main(["train", "--config", str(straight), *overrides]) == 0
     resumed = tiny_config(tmp_path / "b", max_updates=40, validate_every=10, max_tokens=128)

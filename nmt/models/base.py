@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from nmt.models.linear import Linear
+
 
 class Seq2Seq(nn.Module):
     """Encoder-decoder with a teacher-forced forward pass and incremental decoding."""
 
     pad_id: int
     max_positions: int | None = None  # longest sequence (source or target) the model accepts; None: any
+    fp32_matmul: str = "blas"  # library of fp32 CPU training products (``set_fp32_matmul``)
 
     def forward(
         self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor, features_only: bool = False
@@ -33,6 +36,14 @@ class Seq2Seq(nn.Module):
 
     def set_attention_kernel(self, kernel: str) -> None:
         """Compute attention with ``kernel`` ("sdpa" or "explicit"); models without such a choice ignore it."""
+
+    def set_fp32_matmul(self, library: str) -> None:
+        """Compute fp32 CPU training products with ``library``: "blas" (torch's BLAS, MKL on x86) or "onednn",
+        in every ``Linear`` and in the loss's output layer (nmt/models/linear.py says why)."""
+        self.fp32_matmul = library
+        for module in self.modules():
+            if isinstance(module, Linear):
+                module.fp32_matmul = library
 
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> Any:
         """Run the encoder once; the result is what the decoder attends to (model-specific)."""

@@ -1,4 +1,4 @@
-"""The Transformer's affine maps, y = x W^T + b, as ``nn.Linear`` with a faster fp32 CPU forward.
+"""The Transformer's affine maps, y = x W^T + b, as ``nn.Linear`` with faster fp32 CPU paths.
 
 ``nn.Linear`` computes y with one ``addmm``: on a CPU it first copies the bias into every row of
 the output and then accumulates the product onto it. Taking the product alone and adding the bias
@@ -7,12 +7,22 @@ rows, 2-core Xeon: 10% for 256 -> 1024, 5% for 256 -> 768, even for 256 -> 256 a
 the product then writes its output once instead of reading the copied bias back. Elsewhere (GPUs,
 whose libraries fuse the bias into the product; bf16 autocast, where oneDNN does) the parent's
 forward runs. Parameters, their names and initialisation are nn.Linear's.
+
+Which library computes fp32 products on a CPU is a second choice (``fp32_matmul``, measured by
+``auto``). torch sends them to its BLAS, Intel's MKL on x86 builds, and MKL runs its AVX2 kernels
+on AMD CPUs: on a 2-core AMD EPYC (family 26, AVX-512) its products reached 230-240 GFLOP/s where
+oneDNN's reached 530-555 at the same shapes. With "onednn" a training step's products (forward and
+both gradients) go through oneDNN instead. Decoding keeps the BLAS: its products are small and
+change shape at every step, and oneDNN made greedy decoding slower there (397 against 454-485
+sentences/s).
 """
 
 from __future__ import annotations
 
 import torch
 from torch import nn
+
+FP32_MATMULS = ("blas", "onednn")
 
 
 def cpu_autocast_enabled() -> bool:
@@ -22,11 +32,58 @@ def cpu_autocast_enabled() -> bool:
         return torch.is_autocast_cpu_enabled()
 
 
+def onednn_available() -> bool:
+    """Whether this torch build can send products to oneDNN (``torch.ops.mkldnn._linear_pointwise``,
+    the op torch's own compiler uses on CPUs)."""
+    if not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        return torch.ops.mkldnn._linear_pointwise.default is not None
+    except (AttributeError, RuntimeError):
+        return False
+
+
+def onednn_affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x W^T + b for 2-D x (rows, in) and weight (out, in), computed by oneDNN (bias added in the product)."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """The product a @ b, computed by oneDNN; transposed operands are read in place."""
+    return onednn_affine(a, b.t())
+
+
+class _OneDnnAffine(torch.autograd.Function):
+    """y = x W^T + b on rows, every product of the forward and backward pass done by oneDNN."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return onednn_affine(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        want_x, want_weight, want_bias = ctx.needs_input_grad
+        grad_x = onednn_mm(grad, weight) if want_x else None
+        grad_weight = onednn_mm(grad.t(), x) if want_weight else None
+        grad_bias = grad.sum(0) if want_bias and ctx.has_bias else None
+        return grad_x, grad_weight, grad_bias
+
+
 class Linear(nn.Linear):
+    fp32_matmul = "blas"  # the library for fp32 CPU training products: "blas" or "onednn" (Seq2Seq.set_fp32_matmul)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.bias is None or x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
+        if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
             return super().forward(x)
-        # On rows: the in-place sum is then on the product itself, not on a view of it (which autograd
-        # would have to copy back into its base).
-        y = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t()).add_(self.bias)
+        if self.fp32_matmul == "onednn" and torch.is_grad_enabled():
+            y = _OneDnnAffine.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
+        elif self.bias is None:
+            return super().forward(x)
+        else:
+            # On rows: the in-place sum is then on the product itself, not on a view of it (which
+            # autograd would have to copy back into its base).
+            y = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t()).add_(self.bias)
         return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])  # rows in, the product itself out

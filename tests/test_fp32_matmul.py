@@ -1,0 +1,210 @@
+"""fp32 CPU training products through oneDNN (``train.fp32_matmul: onednn``) compute what the BLAS
+path computes: each layer's value and gradients, the loss's output layer, whole training steps;
+decoding keeps the BLAS; the choice is measured, cached and checked like the other ``auto`` keys."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from conftest import tiny_config
+
+from nmt import autotune
+from nmt.autotune import Request
+from nmt.batching import Batch
+from nmt.cli import main
+from nmt.device import Precision
+from nmt.errors import NMTError
+from nmt.loss import projected_label_smoothed_nll, teacher_forced_loss
+from nmt.models import build_model, linear
+from nmt.models.linear import Linear, onednn_available, onednn_mm
+from nmt.models.transformer import TransformerConfig
+
+needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
+PAD = 0
+
+
+@needs_onednn
+def test_onednn_mm_is_the_product_of_plain_and_transposed_operands():
+    g = torch.Generator().manual_seed(0)
+    a, b, c = torch.randn(40, 24, generator=g), torch.randn(30, 40, generator=g), torch.randn(24, 7, generator=g)
+    torch.testing.assert_close(onednn_mm(a, c), a @ c)
+    torch.testing.assert_close(onednn_mm(a.t(), b.t()), a.t() @ b.t())  # both transposed views, read in place
+
+
+@needs_onednn
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("shape", [(6, 32), (3, 5, 32), "transposed"])
+def test_onednn_linear_equals_the_affine_map_in_value_and_gradients(bias, shape):
+    torch.manual_seed(0)
+    layer = Linear(32, 48, bias=bias)
+    layer.fp32_matmul = "onednn"
+    x = torch.randn(32, 6).t() if shape == "transposed" else torch.randn(*shape)
+    x.requires_grad_()
+    y = layer(x)
+    reference = F.linear(x, layer.weight, layer.bias)
+    assert y.shape == reference.shape
+    torch.testing.assert_close(y, reference)
+    g = torch.randn_like(y)
+    inputs = [t for t in (x, layer.weight, layer.bias) if t is not None]
+    got = torch.autograd.grad(y, inputs, g)
+    want = torch.autograd.grad(reference, inputs, g)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@needs_onednn
+def test_onednn_products_are_reproducible():
+    """Resuming a run must give the uninterrupted run's bits: the same product twice, the same bits."""
+    g = torch.Generator().manual_seed(1)
+    a, b = torch.randn(300, 256, generator=g), torch.randn(256, 1000, generator=g)
+    assert torch.equal(onednn_mm(a, b), onednn_mm(a, b))
+
+
+@needs_onednn
+def test_projected_loss_through_onednn_equals_the_blas_path():
+    g = torch.Generator().manual_seed(3)
+    features = torch.randn(3, 7, 16, generator=g)
+    weight, bias = torch.randn(50, 16, generator=g), torch.randn(50, generator=g)
+    target = torch.randint(1, 50, (3, 7), generator=g)
+    target[2, 4:] = PAD
+    results = []
+    for library in ("blas", "onednn"):
+        leaves = [t.clone().requires_grad_() for t in (features, weight, bias)]
+        loss, nll = projected_label_smoothed_nll(*leaves, target, 0.1, PAD, library)
+        results.append((loss, nll, torch.autograd.grad(0.5 * loss, leaves)))
+    (loss_a, nll_a, grads_a), (loss_b, nll_b, grads_b) = results
+    torch.testing.assert_close(loss_b, loss_a)
+    torch.testing.assert_close(nll_b, nll_a)
+    for a, b in zip(grads_a, grads_b):
+        torch.testing.assert_close(b, a)
+
+
+def _model_and_batch():
+    cfg = TransformerConfig(d_model=32, ff_size=64, heads=4, dropout=0.0, encoder_layers=2, decoder_layers=2)
+    torch.manual_seed(0)
+    model = build_model(cfg, 40, 40, PAD)
+    src = torch.randint(1, 40, (4, 9))
+    src_mask = torch.ones(4, 9, dtype=torch.bool)
+    src_mask[1, 6:] = False
+    trg = torch.randint(1, 40, (4, 8))
+    trg[3, 5:] = PAD
+    return model, Batch(src.masked_fill(~src_mask, PAD), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])
+
+
+@needs_onednn
+def test_a_training_step_through_onednn_equals_the_blas_step():
+    model, batch = _model_and_batch()
+    results = []
+    for library in ("blas", "onednn"):
+        model.set_fp32_matmul(library)
+        model.zero_grad(set_to_none=True)
+        loss, _ = teacher_forced_loss(model, model, batch, 0.1, PAD, Precision("cpu", "fp32"))
+        loss.backward()
+        results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+    (loss_a, grads_a), (loss_b, grads_b) = results
+    assert loss_b == pytest.approx(loss_a, rel=1e-5)
+    for name, grad in grads_a.items():
+        torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_set_fp32_matmul_reaches_every_linear_layer_and_decoding_keeps_the_blas(monkeypatch):
+    model, batch = _model_and_batch()
+    model.set_fp32_matmul("onednn")
+    layers = [m for m in model.modules() if isinstance(m, Linear)]
+    assert layers and all(m.fp32_matmul == "onednn" for m in layers) and model.fp32_matmul == "onednn"
+    calls = []
+    monkeypatch.setattr(linear, "onednn_affine", lambda *args: calls.append(1) or F.linear(*args))
+    with torch.no_grad():  # validation and translation
+        model(batch.src, batch.src_mask, batch.trg_in)
+    assert not calls
+    model(batch.src, batch.src_mask, batch.trg_in, features_only=True)
+    assert len(calls) == len(layers)
+
+
+# ---------------------------------------------------------------------------- the measured choice
+
+CPU = torch.device("cpu")
+SMALL = TransformerConfig(d_model=32, ff_size=64, heads=4)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    calls = []
+
+    def fake(request, shape, device, world_threads=None):
+        calls.append(request)
+        return autotune.Choice(
+            "fp32", "sdpa", 1, {"fp32 matmul": {"blas": 2.0, "onednn": 1.0}}, "measured", "x", None, "onednn"
+        )
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    return calls
+
+
+def _choose(tmp_path, request: Request, model=SMALL) -> autotune.Choice:
+    return autotune.choose(request, model, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
+
+
+@needs_onednn
+def test_auto_library_is_measured_only_where_it_can_matter(tmp_path, counted):
+    assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto")).fp32_matmul == "onednn"
+    assert len(counted) == 1
+    assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto")).source == "cached"
+    # bf16 has no fp32 products; the LSTM's layers do not take the choice: nothing to measure
+    from nmt.models.rnn import RNNConfig
+
+    rnn = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1)
+    for request, model in [(Request("bf16", "sdpa", 1, "auto"), SMALL), (Request("fp32", "sdpa", 1, "auto"), rnn)]:
+        choice = _choose(tmp_path, request, model)
+        assert (choice.source, choice.fp32_matmul) == ("config", "blas")
+    named = _choose(tmp_path, Request("fp32", "sdpa", 1, "onednn"))
+    assert (named.source, named.fp32_matmul) == ("config", "onednn")
+    assert len(counted) == 1
+
+
+def test_a_cached_entry_with_an_unknown_library_is_measured_again(tmp_path, counted, monkeypatch):
+    monkeypatch.setattr(autotune, "measures_fp32_matmul", lambda *args: True)
+    _choose(tmp_path, Request("fp32", "sdpa", 1, "auto"))
+    path = tmp_path / autotune.CACHE_FILE
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry["fp32_matmul"] = "atlas"
+    path.write_text(json.dumps(data))
+    assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto")).source == "measured"
+    assert len(counted) == 2
+
+
+@needs_onednn
+def test_the_measurement_times_both_libraries_and_keeps_the_faster(monkeypatch):
+    """The real measurement: both libraries are timed on fp32 steps, and the choice follows the
+    figures by ``pick``'s rule (the BLAS unless oneDNN is MARGIN faster)."""
+    shape = autotune.tuning_shape(SMALL, 50, 256, 16, "cpu")
+    choice = autotune.measure(Request("fp32", "sdpa", 1, "auto"), shape, CPU)
+    options = choice.timings["fp32 matmul"]
+    assert set(options) == {"blas", "onednn"} and all(ms > 0 for ms in options.values())
+    assert choice.fp32_matmul == autotune.pick(options, "blas")
+    assert f"fp32 matmul {choice.fp32_matmul}," in choice.describe()
+
+
+def test_onednn_asked_for_where_it_cannot_serve_is_a_one_line_error(tmp_path, capsys):
+    config = tiny_config(tmp_path, model_type="rnn", max_updates=2, warmup_updates=1)
+    assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=onednn"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.fp32_matmul" in err and "rnn" in err
+    assert not (tmp_path / "run").exists()  # refused before any work
+    assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=mkl"]) == 2
+    assert "train.fp32_matmul" in capsys.readouterr().err
+
+
+def test_onednn_on_a_gpu_or_without_onednn_is_refused_by_name(monkeypatch):
+    autotune.check_fp32_matmul("blas", "cuda")
+    with pytest.raises(NMTError, match="train.fp32_matmul.*CPU library"):
+        autotune.check_fp32_matmul("onednn", "cuda")
+    monkeypatch.setattr(autotune, "onednn_available", lambda: False)
+    autotune.check_fp32_matmul("auto", "cpu")
+    with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
+        autotune.check_fp32_matmul("onednn", "cpu")
+    assert not autotune.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "transformer", "cpu")
