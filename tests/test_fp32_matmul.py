@@ -208,3 +208,19 @@ def test_onednn_on_a_gpu_or_without_onednn_is_refused_by_name(monkeypatch):
     with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
         autotune.check_fp32_matmul("onednn", "cpu")
     assert not autotune.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "transformer", "cpu")
+
+
+def test_a_compiled_layer_leaves_its_products_to_the_compiler():
+    """torch.compile cannot lower the oneDNN op with a transposed weight: under tracing the layer
+    takes the plain path, and the compiled layer computes the affine map and its gradients."""
+    torch.manual_seed(0)
+    layer = Linear(16, 24)
+    layer.fp32_matmul = "onednn"
+    x = torch.randn(5, 16, requires_grad=True)
+    y = torch.compile(layer, dynamic=False)(x)
+    reference = F.linear(x, layer.weight, layer.bias)
+    torch.testing.assert_close(y, reference)
+    g = torch.randn_like(y)
+    inputs = (x, layer.weight, layer.bias)
+    for got, want in zip(torch.autograd.grad(y, inputs, g), torch.autograd.grad(reference, inputs, g)):
+        torch.testing.assert_close(got, want)

@@ -53,6 +53,13 @@ def onednn_mm(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return onednn_affine(a, b.t())
 
 
+def _compiling() -> bool:
+    """Whether torch.compile is tracing: its compiler picks its own CPU kernels (and cannot lower the
+    oneDNN op called with a transposed weight)."""
+    is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
+    return bool(is_compiling()) if is_compiling is not None else torch._dynamo.is_compiling()
+
+
 class _OneDnnAffine(torch.autograd.Function):
     """y = x W^T + b on rows, every product of the forward and backward pass done by oneDNN."""
 
@@ -78,7 +85,7 @@ class Linear(nn.Linear):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
             return super().forward(x)
-        if self.fp32_matmul == "onednn" and torch.is_grad_enabled():
+        if self.fp32_matmul == "onednn" and torch.is_grad_enabled() and not _compiling():
             y = _OneDnnAffine.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
         elif self.bias is None:
             return super().forward(x)
