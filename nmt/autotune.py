@@ -4,14 +4,13 @@ Which settings are fastest depends on the machine, so ``auto`` is a measurement,
 autocast runs several times faster than fp32 on a CPU with AMX, and several times slower where
 oneDNN only emulates bf16 (AVX-512 without AVX512-BF16), though torch calls bf16 "supported" on
 both. The fused SDPA attention kernel beats two plain matmuls in fp32 on a CPU and loses badly in
-bf16. torch's BLAS (MKL) runs AVX2 kernels on AMD CPUs, where oneDNN's fp32 products ran twice
-as fast (nmt/models/linear.py). So at start-up a copy of the
-model with one encoder and one decoder layer (the run's width, heads, feed-forward size and
-vocabulary) takes a few training steps on a batch of the run's kind, for each candidate in turn:
-the fp32 product library, then precision and attention kernel, then threads. The fastest wins,
-under one rule: a candidate replaces the default (BLAS; fp32; SDPA; all cores; bf16 over fp16)
-only if it is at least ``MARGIN`` faster, so ``auto`` is never slower than fp32 and noise never
-flips a choice for nothing.
+bf16. torch's BLAS (MKL) runs AVX2 kernels on AMD CPUs, where oneDNN's fp32 products ran twice as
+fast (nmt/models/linear.py). So at start-up a copy of the model with one encoder and one decoder
+layer (the run's width, heads, feed-forward size and vocabulary) takes a few training steps on a
+batch of the run's kind, for each candidate in turn: the fp32 product library, then precision and
+attention kernel, then threads. The fastest wins, under one rule: a candidate replaces the default
+(BLAS; fp32; SDPA; all cores; bf16 over fp16) only if it is at least ``MARGIN`` faster, so
+``auto`` is never slower than fp32 and noise never flips a choice for nothing.
 
 The result is cached per machine in ``$NMT_CACHE_DIR`` (default ``~/.cache/nmt``), keyed by the
 CPU's model and flags or the GPU, the torch version, the ISA limits set in the environment and the
