@@ -4,6 +4,7 @@ import os
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 
 
@@ -69,3 +70,17 @@ def tiny_config(tmp_path: Path, model_type: str = "transformer", **train) -> Pat
     path = tmp_path / "tiny.yaml"
     path.write_text(yaml.safe_dump(cfg))
     return path
+
+
+def padded_training_batch(sentences: int, src_len: int, trg_len: int, vocab: int, pad_id: int = 0):
+    """A teacher-forcing Batch of random ids (from torch's global generator) whose second source and
+    last target end in padding from two thirds of their length on; ``trg_len`` counts BOS-side and
+    shifted target together, as one row before the shift."""
+    from nmt.batching import Batch
+
+    src = torch.randint(1, vocab, (sentences, src_len))
+    src_mask = torch.ones(sentences, src_len, dtype=torch.bool)
+    src_mask[1, src_len * 2 // 3 :] = False
+    trg = torch.randint(1, vocab, (sentences, trg_len))
+    trg[-1, trg_len * 2 // 3 :] = pad_id
+    return Batch(src.masked_fill(~src_mask, pad_id), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])

@@ -9,11 +9,10 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import tiny_config
+from conftest import padded_training_batch, tiny_config
 
 from nmt import autotune
 from nmt.autotune import Request
-from nmt.batching import Batch
 from nmt.cli import main
 from nmt.device import Precision
 from nmt.errors import NMTError
@@ -86,12 +85,7 @@ def _model_and_batch():
     cfg = TransformerConfig(d_model=32, ff_size=64, heads=4, dropout=0.0, encoder_layers=2, decoder_layers=2)
     torch.manual_seed(0)
     model = build_model(cfg, 40, 40, PAD)
-    src = torch.randint(1, 40, (4, 9))
-    src_mask = torch.ones(4, 9, dtype=torch.bool)
-    src_mask[1, 6:] = False
-    trg = torch.randint(1, 40, (4, 8))
-    trg[3, 5:] = PAD
-    return model, Batch(src.masked_fill(~src_mask, PAD), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])
+    return model, padded_training_batch(4, 9, 8, 40, PAD)
 
 
 @needs_onednn

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from conftest import padded_training_batch
 
 import nmt.loss as loss_module
 from nmt.loss import label_smoothed_nll, projected_label_smoothed_nll
@@ -182,7 +183,6 @@ def test_training_loss_on_a_cpu_in_fp32_equals_the_loss_of_the_models_logits(mod
     """``teacher_forced_loss`` (fp32 CPU: the loss applies the output layer, tied to the target
     embeddings in the Transformer, with a bias in the RNN) gives the loss and the gradient of every
     parameter that the model's own logits do."""
-    from nmt.batching import Batch
     from nmt.device import Precision
     from nmt.loss import projects_with_loss, teacher_forced_loss
     from nmt.models import build_model
@@ -194,12 +194,7 @@ def test_training_loss_on_a_cpu_in_fp32_equals_the_loss_of_the_models_logits(mod
     cfg = cfg or RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1, dropout=0.0, tie_output=False)
     torch.manual_seed(0)
     model = build_model(cfg, 23, 23, PAD)
-    src = torch.randint(1, 23, (3, 6))
-    src_mask = torch.ones(3, 6, dtype=torch.bool)
-    src_mask[1, 4:] = False
-    trg = torch.randint(1, 23, (3, 5))
-    trg[2, 3:] = PAD
-    batch = Batch(src.masked_fill(~src_mask, PAD), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])
+    batch = padded_training_batch(3, 6, 5, 23, PAD)
     results = []
     for projected in (True, False):
         model.zero_grad(set_to_none=True)
