@@ -58,6 +58,11 @@ class Request:
     threads: int | str = "auto"
     fp32_matmul: str = "auto"
 
+    @property
+    def named_fp32_matmul(self) -> str:
+        """The product library asked for, the BLAS where the choice is left to ``auto``."""
+        return "blas" if self.fp32_matmul == "auto" else self.fp32_matmul
+
     @classmethod
     def from_train(cls, t: TrainConfig, precision: str | None = None) -> Request:
         threads = "auto" if t.threads is None else t.threads
@@ -370,7 +375,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
         if request.attention == "auto":
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
         usage: list[tuple[float, float]] = []
-        library = "blas" if request.fp32_matmul == "auto" else request.fp32_matmul
+        library = request.named_fp32_matmul
         if measures_fp32_matmul(request, shape.model.type, device.type):
             options = race({name: step_with("fp32", kernels[0], name) for name in FP32_MATMULS}, device, usage=usage)
             timings["fp32 matmul"] = options
@@ -447,8 +452,7 @@ def choose(
     if not any(needs):
         threads = None if device.type != "cpu" else world_threads or int(request.threads)
         attention = "sdpa" if request.attention == "auto" else request.attention
-        library = "blas" if request.fp32_matmul == "auto" else request.fp32_matmul
-        return Choice(request.precision, attention, threads, fp32_matmul=library)
+        return Choice(request.precision, attention, threads, fp32_matmul=request.named_fp32_matmul)
     info = machine(device)
     shape = tuning_shape(model, vocab, max_tokens, max_len, device.type)
     if world_threads is not None:

@@ -66,7 +66,6 @@ class _OneDnnAffine(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, weight, bias):
         ctx.save_for_backward(x, weight)
-        ctx.has_bias = bias is not None
         return onednn_affine(x, weight, bias)
 
     @staticmethod
@@ -75,7 +74,7 @@ class _OneDnnAffine(torch.autograd.Function):
         want_x, want_weight, want_bias = ctx.needs_input_grad
         grad_x = onednn_mm(grad, weight) if want_x else None
         grad_weight = onednn_mm(grad.t(), x) if want_weight else None
-        grad_bias = grad.sum(0) if want_bias and ctx.has_bias else None
+        grad_bias = grad.sum(0) if want_bias else None  # never wanted where there is no bias
         return grad_x, grad_weight, grad_bias
 
 
