@@ -80,7 +80,7 @@ class Choice:
     source: str = "config"  # config | measured | cached
     measured_on: str = ""
     cpu_use: float | None = None  # CPU time / (wall time x threads) while measuring, on a CPU
-    fp32_matmul: str = "blas"  # library of fp32 CPU training products: blas or onednn
+    fp32_matmul: str = "blas"  # library of fp32 CPU products: blas or onednn
 
     def describe(self) -> str:
         """One line for the log: the choice, and the figures it was made on."""

@@ -67,7 +67,7 @@ class TrainConfig:
     # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     attention: Literal["auto", "sdpa", "explicit"] = "auto"  # fused SDPA kernel or softmax(QK^T)V in two matmuls
-    fp32_matmul: Literal["auto", "blas", "onednn"] = "auto"  # library of fp32 CPU training products (Transformer)
+    fp32_matmul: Literal["auto", "blas", "onednn"] = "auto"  # library of fp32 CPU products (Transformer)
     threads: int | Literal["auto"] | None = "auto"  # torch intra-op threads on CPU; null means auto
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_fallback: bool = False  # device 'cuda' without a GPU: run on CPU with a warning instead of failing

@@ -199,9 +199,10 @@ def load_translator(
 ) -> Translator:
     """A run's checkpoint (``which``: see ``RunDir.model_checkpoint``), ready to translate.
 
-    Precision, attention kernel and threads are the run's ``train`` settings (``precision_name``
-    overrides the first); where they say auto, the choice is the one ``nmt train`` measured and
-    cached on this machine for this model, or is measured now the same way. Only reads the run.
+    Precision, attention kernel, fp32 product library and threads are the run's ``train`` settings
+    (``precision_name`` overrides the first); where they say auto, the choice is the one ``nmt train``
+    measured and cached on this machine for this model, or is measured now the same way. Only reads
+    the run.
     """
     cfg = run.config()
     path = run.model_checkpoint(cfg, which)
@@ -223,6 +224,7 @@ def load_translator(
     if log is not None and choice.timings:
         log("auto: " + choice.describe())
     model.set_attention_kernel(choice.attention)
+    model.set_fp32_matmul(choice.fp32_matmul)
     model.to(device).eval()
     return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision), log)
 

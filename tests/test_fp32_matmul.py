@@ -1,6 +1,6 @@
-"""fp32 CPU training products through oneDNN (``train.fp32_matmul: onednn``) compute what the BLAS
-path computes: each layer's value and gradients, the loss's output layer, whole training steps;
-decoding keeps the BLAS; the choice is measured, cached and checked like the other ``auto`` keys."""
+"""fp32 CPU products through oneDNN (``train.fp32_matmul: onednn``) compute what the BLAS path
+computes: each layer's value and gradients, the loss's output layer, whole training steps, decoding
+and translation; the choice is measured, cached and checked like the other ``auto`` keys."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from conftest import padded_training_batch, tiny_config
+from conftest import PAIRS, padded_training_batch, tiny_config
 
 from nmt import autotune
 from nmt.autotune import Request
@@ -20,6 +20,9 @@ from nmt.loss import projected_label_smoothed_nll, teacher_forced_loss
 from nmt.models import build_model, linear
 from nmt.models.linear import Linear, onednn_available, onednn_mm
 from nmt.models.transformer import TransformerConfig
+from nmt.rundir import RunDir
+from nmt.search import beam_search, greedy_search
+from nmt.translate import load_translator
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
 PAD = 0
@@ -30,7 +33,7 @@ def test_onednn_mm_is_the_product_of_plain_and_transposed_operands():
     g = torch.Generator().manual_seed(0)
     a, b, c = torch.randn(40, 24, generator=g), torch.randn(30, 40, generator=g), torch.randn(24, 7, generator=g)
     torch.testing.assert_close(onednn_mm(a, c), a @ c)
-    torch.testing.assert_close(onednn_mm(a.t(), b.t()), a.t() @ b.t())  # both transposed views, read in place
+    torch.testing.assert_close(onednn_mm(a.t(), b.t()), a.t() @ b.t())  # both transposed views
 
 
 @needs_onednn
@@ -104,18 +107,64 @@ def test_a_training_step_through_onednn_equals_the_blas_step():
         torch.testing.assert_close(grads_b[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
-def test_set_fp32_matmul_reaches_every_linear_layer_and_decoding_keeps_the_blas(monkeypatch):
+def test_set_fp32_matmul_reaches_every_linear_layer_and_the_output_layer(monkeypatch):
     model, batch = _model_and_batch()
     model.set_fp32_matmul("onednn")
     layers = [m for m in model.modules() if isinstance(m, Linear)]
     assert layers and all(m.fp32_matmul == "onednn" for m in layers) and model.fp32_matmul == "onednn"
     calls = []
     monkeypatch.setattr(linear, "onednn_affine", lambda *args: calls.append(1) or F.linear(*args))
-    with torch.no_grad():  # validation and translation
+    with torch.no_grad():  # validation and translation: every layer and the output layer
         model(batch.src, batch.src_mask, batch.trg_in)
-    assert not calls
-    model(batch.src, batch.src_mask, batch.trg_in, features_only=True)
+    assert len(calls) == len(layers) + 1
+    calls.clear()
+    model(batch.src, batch.src_mask, batch.trg_in, features_only=True)  # training: the loss applies the output layer
     assert len(calls) == len(layers)
+
+
+@needs_onednn
+def test_decoding_through_onednn_finds_what_the_blas_finds():
+    """Greedy and beam search take the same steps with either library: each step's logits agree,
+    and so do the hypotheses and their scores."""
+    model, batch = _model_and_batch()
+    with torch.no_grad():
+        model.trg_embed.weight.mul_(4.0)  # the tied output layer: confident steps, far from ties
+    model.eval()
+    limit = torch.full((batch.src.shape[0],), 7)
+    found = {}
+    for library in ("blas", "onednn"):
+        model.set_fp32_matmul(library)
+        with torch.no_grad():
+            state = model.init_state(model.encode(batch.src, batch.src_mask))
+            logits = []
+            for token in batch.trg_in.T[:4]:  # teacher-forced steps through the caches
+                step, state = model.decode_step(token, state)
+                logits.append(step)
+            greedy = greedy_search(model, batch.src, batch.src_mask, limit, 1, 2)
+            beam = beam_search(model, batch.src, batch.src_mask, limit, 3, 1.0, 1, 2, nbest=2)
+        found[library] = (torch.stack(logits), greedy, beam)
+    (logits_a, greedy_a, beam_a), (logits_b, greedy_b, beam_b) = found["blas"], found["onednn"]
+    torch.testing.assert_close(logits_b, logits_a, rtol=1e-5, atol=1e-5)
+    assert [h.tokens for h in greedy_b] == [h.tokens for h in greedy_a]
+    assert [[h.tokens for h in n] for n in beam_b] == [[h.tokens for h in n] for n in beam_a]
+    for n_a, n_b in zip(beam_a, beam_b):
+        assert [h.log_prob for h in n_b] == pytest.approx([h.log_prob for h in n_a], rel=1e-5)
+
+
+@needs_onednn
+def test_translation_uses_the_library_the_run_names(tmp_path):
+    config = tiny_config(tmp_path, max_updates=30, validate_every=30, fp32_matmul="onednn")
+    assert main(["train", "--config", str(config)]) == 0
+    run = RunDir.existing(tmp_path / "run")
+    translator = load_translator(run, "cpu")
+    model = translator.model
+    assert model.fp32_matmul == "onednn" and all(
+        m.fp32_matmul == "onednn" for m in model.modules() if isinstance(m, Linear)
+    )
+    lines = [s for s, _ in PAIRS]
+    through_onednn = translator.translate(lines, run.config().decode)
+    model.set_fp32_matmul("blas")
+    assert translator.translate(lines, run.config().decode) == through_onednn
 
 
 # ---------------------------------------------------------------------------- the measured choice

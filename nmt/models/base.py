@@ -12,10 +12,9 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from nmt.models.linear import Linear
+from nmt.models.linear import Linear, affine
 
 
 class Seq2Seq(nn.Module):
@@ -23,7 +22,7 @@ class Seq2Seq(nn.Module):
 
     pad_id: int
     max_positions: int | None = None  # longest sequence (source or target) the model accepts; None: any
-    fp32_matmul: str = "blas"  # library of fp32 CPU training products (``set_fp32_matmul``)
+    fp32_matmul: str = "blas"  # library of fp32 CPU products (``set_fp32_matmul``)
 
     def forward(
         self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor, features_only: bool = False
@@ -38,8 +37,8 @@ class Seq2Seq(nn.Module):
         """Compute attention with ``kernel`` ("sdpa" or "explicit"); models without such a choice ignore it."""
 
     def set_fp32_matmul(self, library: str) -> None:
-        """Compute fp32 CPU training products with ``library``: "blas" (torch's BLAS, MKL on x86) or "onednn",
-        in every ``Linear`` and in the loss's output layer (nmt/models/linear.py says why)."""
+        """Compute fp32 CPU products with ``library``: "blas" (torch's BLAS, MKL on x86) or "onednn", in
+        every ``Linear``, the output layer and the training loss's (nmt/models/linear.py says why)."""
         self.fp32_matmul = library
         for module in self.modules():
             if isinstance(module, Linear):
@@ -61,7 +60,7 @@ class Seq2Seq(nn.Module):
         """Decoder output [..., D] -> logits [..., V], through ``output_layer`` (which the fp32 CPU
         training loss applies by itself: logits must depend on nothing else)."""
         weight, bias = self.output_layer()
-        return F.linear(features, weight, bias)
+        return affine(features, weight, bias, self.fp32_matmul)
 
     def init_state(self, memory: Any, record_attention: bool = False) -> Any:
         """Decoder state before the first step: caches of keys/values, RNN hidden state, ...

@@ -11,15 +11,14 @@ forward runs. Parameters, their names and initialisation are nn.Linear's.
 Which library computes fp32 products on a CPU is a second choice (``fp32_matmul``, measured by
 ``auto``). torch sends them to its BLAS, Intel's MKL on x86 builds, and MKL runs its AVX2 kernels
 on AMD CPUs: on a 2-core AMD EPYC (family 26, AVX-512) its products reached 230-240 GFLOP/s where
-oneDNN's reached 530-555 at the same shapes. With "onednn" a training step's products (forward and
-both gradients) go through oneDNN instead. Decoding keeps the BLAS: its products are small and
-change shape at every step, and oneDNN made greedy decoding slower there (397 against 454-485
-sentences/s).
+oneDNN's reached 530-555 at the same shapes. With "onednn" the model's fp32 products go through
+oneDNN instead: in training forward and both gradients, in decoding the forward products.
 """
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 FP32_MATMULS = ("blas", "onednn")
@@ -78,18 +77,26 @@ class _OneDnnAffine(torch.autograd.Function):
         return grad_x, grad_weight, grad_bias
 
 
+def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp32_matmul: str = "blas") -> torch.Tensor:
+    """x W^T + b for x (..., in) and weight (out, in), as ``F.linear``, by the fast path for fp32 on a
+    CPU outside autocast: the product by ``fp32_matmul``'s library, on rows, then the bias. Elsewhere
+    (GPUs, whose libraries fuse the bias into the product; bf16 autocast, where oneDNN does) F.linear."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
+        return F.linear(x, weight, bias)
+    rows = x.reshape(-1, x.shape[-1])
+    if fp32_matmul == "onednn" and not _compiling():
+        y = _OneDnnAffine.apply(rows, weight, bias) if torch.is_grad_enabled() else onednn_affine(rows, weight, bias)
+    elif bias is None:
+        return F.linear(x, weight)
+    else:
+        # The in-place sum is on the product itself, not on a view of it (which autograd would
+        # have to copy back into its base).
+        y = torch.mm(rows, weight.t()).add_(bias)
+    return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])  # rows in, the product itself out
+
+
 class Linear(nn.Linear):
-    fp32_matmul = "blas"  # the library for fp32 CPU training products: "blas" or "onednn" (Seq2Seq.set_fp32_matmul)
+    fp32_matmul = "blas"  # the library for fp32 CPU products: "blas" or "onednn" (Seq2Seq.set_fp32_matmul)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
-            return super().forward(x)
-        if self.fp32_matmul == "onednn" and torch.is_grad_enabled() and not _compiling():
-            y = _OneDnnAffine.apply(x.reshape(-1, x.shape[-1]), self.weight, self.bias)
-        elif self.bias is None:
-            return super().forward(x)
-        else:
-            # On rows: the in-place sum is then on the product itself, not on a view of it (which
-            # autograd would have to copy back into its base).
-            y = torch.mm(x.reshape(-1, x.shape[-1]), self.weight.t()).add_(self.bias)
-        return y if x.dim() == 2 else y.view(*x.shape[:-1], y.shape[-1])  # rows in, the product itself out
+        return affine(x, self.weight, self.bias, self.fp32_matmul)
