@@ -42,7 +42,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.models.linear import FP32_MATMULS, onednn_available
 
-VERSION = 4  # bump when the measurement changes, so old cache entries are not reused
+VERSION = 5  # bump when the measurement changes, so old cache entries are not reused
 MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
 BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
 CACHE_FILE = "autotune.json"

@@ -16,9 +16,9 @@ from nmt.autotune import Request
 from nmt.cli import main
 from nmt.device import Precision
 from nmt.errors import NMTError
-from nmt.loss import projected_label_smoothed_nll, teacher_forced_loss
+from nmt.loss import projected_label_smoothed_nll, projection_block_rows, teacher_forced_loss
 from nmt.models import build_model, linear
-from nmt.models.linear import Linear, onednn_available, onednn_mm
+from nmt.models.linear import Linear, onednn_available, onednn_mm, onednn_rows_product
 from nmt.models.transformer import TransformerConfig
 from nmt.rundir import RunDir
 from nmt.search import beam_search, greedy_search
@@ -37,11 +37,22 @@ def test_onednn_mm_is_the_product_of_plain_and_transposed_operands():
 
 
 @needs_onednn
+@pytest.mark.parametrize("widths", [(24, 56), (56, 24), (32, 32)])
+def test_onednn_rows_product_sums_over_rows_whichever_operand_is_narrower(widths):
+    g = torch.Generator().manual_seed(2)
+    a, b = torch.randn(70, widths[0], generator=g), torch.randn(70, widths[1], generator=g)
+    product = onednn_rows_product(a, b)
+    assert product.shape == widths
+    torch.testing.assert_close(product, a.t() @ b)
+
+
+@needs_onednn
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("shape", [(6, 32), (3, 5, 32), "transposed"])
-def test_onednn_linear_equals_the_affine_map_in_value_and_gradients(bias, shape):
+@pytest.mark.parametrize("out_features", [48, 20])  # wider and narrower than the input
+def test_onednn_linear_equals_the_affine_map_in_value_and_gradients(bias, shape, out_features):
     torch.manual_seed(0)
-    layer = Linear(32, 48, bias=bias)
+    layer = Linear(32, out_features, bias=bias)
     layer.fp32_matmul = "onednn"
     x = torch.randn(32, 6).t() if shape == "transposed" else torch.randn(*shape)
     x.requires_grad_()
@@ -66,12 +77,14 @@ def test_onednn_products_are_reproducible():
 
 
 @needs_onednn
-def test_projected_loss_through_onednn_equals_the_blas_path():
+@pytest.mark.parametrize("sentences", [3, 160])  # one block of rows; two, whose weight gradients add up
+def test_projected_loss_through_onednn_equals_the_blas_path(sentences):
     g = torch.Generator().manual_seed(3)
-    features = torch.randn(3, 7, 16, generator=g)
+    features = torch.randn(sentences, 7, 16, generator=g)
     weight, bias = torch.randn(50, 16, generator=g), torch.randn(50, generator=g)
-    target = torch.randint(1, 50, (3, 7), generator=g)
+    target = torch.randint(1, 50, (sentences, 7), generator=g)
     target[2, 4:] = PAD
+    assert (sentences * 7 > projection_block_rows(50)) == (sentences == 160)
     results = []
     for library in ("blas", "onednn"):
         leaves = [t.clone().requires_grad_() for t in (features, weight, bias)]
