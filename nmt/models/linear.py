@@ -1,12 +1,12 @@
-"""The Transformer's affine maps, y = x W^T + b, as ``nn.Linear`` with faster fp32 CPU paths.
+"""Affine maps y = x W^T + b with faster fp32 CPU paths: the Transformer's layers, the output layer.
 
 ``nn.Linear`` computes y with one ``addmm``: on a CPU it first copies the bias into every row of
 the output and then accumulates the product onto it. Taking the product alone and adding the bias
 in place afterwards does the same arithmetic and is faster where the output is wide (fp32, 4000
 rows, 2-core Xeon: 10% for 256 -> 1024, 5% for 256 -> 768, even for 256 -> 256 and 1024 -> 256):
 the product then writes its output once instead of reading the copied bias back. Elsewhere (GPUs,
-whose libraries fuse the bias into the product; bf16 autocast, where oneDNN does) the parent's
-forward runs. Parameters, their names and initialisation are nn.Linear's.
+whose libraries fuse the bias into the product; bf16 autocast, where oneDNN does) F.linear runs.
+``Linear`` keeps nn.Linear's parameters, their names and initialisation.
 
 Which library computes fp32 products on a CPU is a second choice (``fp32_matmul``, measured by
 ``auto``). torch sends them to its BLAS, Intel's MKL on x86 builds, and MKL runs its AVX2 kernels
@@ -91,9 +91,10 @@ class _OneDnnAffine(torch.autograd.Function):
 
 
 def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp32_matmul: str = "blas") -> torch.Tensor:
-    """x W^T + b for x (..., in) and weight (out, in), as ``F.linear``, by the fast path for fp32 on a
-    CPU outside autocast: the product by ``fp32_matmul``'s library, on rows, then the bias. Elsewhere
-    (GPUs, whose libraries fuse the bias into the product; bf16 autocast, where oneDNN does) F.linear."""
+    """x W^T + b for x (..., in) and weight (out, in), as ``F.linear``. For fp32 on a CPU outside
+    autocast the product is ``fp32_matmul``'s, on rows: oneDNN's adds the bias itself, the BLAS's is
+    followed by an in-place sum. Elsewhere (GPUs, whose libraries fuse the bias into the product; bf16
+    autocast, where oneDNN does) F.linear."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
