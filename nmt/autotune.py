@@ -42,7 +42,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.models.linear import FP32_MATMULS, onednn_available
 
-VERSION = 5  # bump when the measurement changes, so old cache entries are not reused
+VERSION = 6  # bump when the measurement changes, so old cache entries are not reused
 MARGIN = 0.05  # a candidate must be this much faster than the default to replace it
 BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
 CACHE_FILE = "autotune.json"
@@ -376,7 +376,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
         usage: list[tuple[float, float]] = []
         library = request.named_fp32_matmul
-        if measures_fp32_matmul(request, shape.model.type, device.type):
+        if measures_fp32_matmul(request, device.type):
             options = race({name: step_with("fp32", kernels[0], name) for name in FP32_MATMULS}, device, usage=usage)
             timings["fp32 matmul"] = options
             library = pick(options, "blas")
@@ -405,14 +405,13 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
     return Choice(precision, attention, threads, timings, "measured", machine_name(machine(device)), use, library)
 
 
-def measures_fp32_matmul(request: Request, model_type: str, device_type: str) -> bool:
-    """Whether ``auto`` times the fp32 product libraries: on a CPU, for a Transformer (the layers
-    that can use oneDNN), where fp32 may be chosen and this torch build has oneDNN."""
+def measures_fp32_matmul(request: Request, device_type: str) -> bool:
+    """Whether ``auto`` times the fp32 product libraries: on a CPU, where fp32 may be chosen and this
+    torch build has oneDNN."""
     return (
         request.fp32_matmul == "auto"
         and request.precision in ("auto", "fp32")
         and device_type == "cpu"
-        and model_type == "transformer"
         and onednn_available()
     )
 
@@ -446,7 +445,7 @@ def choose(
     """
     check_precision(request.precision, device.type, bf16_available(device))
     needs = [request.precision == "auto", request.attention == "auto"]
-    needs.append(measures_fp32_matmul(request, model.type, device.type))
+    needs.append(measures_fp32_matmul(request, device.type))
     if device.type == "cpu" and world_threads is None:
         needs.append(request.threads == "auto")
     if not any(needs):

@@ -67,7 +67,7 @@ class TrainConfig:
     # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     attention: Literal["auto", "sdpa", "explicit"] = "auto"  # fused SDPA kernel or softmax(QK^T)V in two matmuls
-    fp32_matmul: Literal["auto", "blas", "onednn"] = "auto"  # library of fp32 CPU products (Transformer)
+    fp32_matmul: Literal["auto", "blas", "onednn"] = "auto"  # library of fp32 CPU products (LSTM: output layer only)
     threads: int | Literal["auto"] | None = "auto"  # torch intra-op threads on CPU; null means auto
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_fallback: bool = False  # device 'cuda' without a GPU: run on CPU with a warning instead of failing
@@ -234,11 +234,6 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:
         raise NMTError("config key 'train.max_updates': set at least one of max_updates, max_epochs, max_minutes")
-    if t.fp32_matmul == "onednn" and cfg.model.type != "transformer":
-        raise NMTError(
-            "config key 'train.fp32_matmul': onednn serves the Transformer's layers only; "
-            f"use auto or blas for model.type {cfg.model.type}"
-        )
     if t.max_updates is not None and t.warmup_updates > t.max_updates:
         raise NMTError(
             f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.max_updates {t.max_updates}"

@@ -19,6 +19,7 @@ from nmt.errors import NMTError
 from nmt.loss import projected_label_smoothed_nll, projection_block_rows, teacher_forced_loss
 from nmt.models import build_model, linear
 from nmt.models.linear import Linear, onednn_available, onednn_mm, onednn_rows_product
+from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.rundir import RunDir
 from nmt.search import beam_search, greedy_search
@@ -97,23 +98,30 @@ def test_projected_loss_through_onednn_equals_the_blas_path(sentences):
         torch.testing.assert_close(b, a)
 
 
-def _model_and_batch():
+def _model_and_batch(model_type: str = "transformer"):
     cfg = TransformerConfig(d_model=32, ff_size=64, heads=4, dropout=0.0, encoder_layers=2, decoder_layers=2)
+    if model_type == "rnn":
+        cfg = RNNConfig(d_model=32, rnn_hidden=24, encoder_layers=2, decoder_layers=2, dropout=0.0)
     torch.manual_seed(0)
     model = build_model(cfg, 40, 40, PAD)
     return model, padded_training_batch(4, 9, 8, 40, PAD)
 
 
 @needs_onednn
-def test_a_training_step_through_onednn_equals_the_blas_step():
-    model, batch = _model_and_batch()
+@pytest.mark.parametrize("model_type", ["transformer", "rnn"])  # the LSTM: its output layer and loss
+def test_a_training_step_through_onednn_equals_the_blas_step(model_type, monkeypatch):
+    model, batch = _model_and_batch(model_type)
+    calls = []
+    monkeypatch.setattr(linear, "onednn_affine", lambda *args: calls.append(1) or F.linear(*args))
     results = []
     for library in ("blas", "onednn"):
+        calls.clear()
         model.set_fp32_matmul(library)
         model.zero_grad(set_to_none=True)
         loss, _ = teacher_forced_loss(model, model, batch, 0.1, PAD, Precision("cpu", "fp32"))
         loss.backward()
         results.append((loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}))
+        assert bool(calls) == (library == "onednn")
     (loss_a, grads_a), (loss_b, grads_b) = results
     assert loss_b == pytest.approx(loss_a, rel=1e-5)
     for name, grad in grads_a.items():
@@ -209,16 +217,15 @@ def test_auto_library_is_measured_only_where_it_can_matter(tmp_path, counted):
     assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto")).fp32_matmul == "onednn"
     assert len(counted) == 1
     assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto")).source == "cached"
-    # bf16 has no fp32 products; the LSTM's layers do not take the choice: nothing to measure
-    from nmt.models.rnn import RNNConfig
-
-    rnn = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1)
-    for request, model in [(Request("bf16", "sdpa", 1, "auto"), SMALL), (Request("fp32", "sdpa", 1, "auto"), rnn)]:
-        choice = _choose(tmp_path, request, model)
-        assert (choice.source, choice.fp32_matmul) == ("config", "blas")
+    rnn = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1)  # its output layer takes it too
+    assert _choose(tmp_path, Request("fp32", "sdpa", 1, "auto"), rnn).fp32_matmul == "onednn"
+    assert len(counted) == 2
+    # bf16 has no fp32 products, a named library is not measured: nothing to measure
+    bf16 = _choose(tmp_path, Request("bf16", "sdpa", 1, "auto"))
+    assert (bf16.source, bf16.fp32_matmul) == ("config", "blas")
     named = _choose(tmp_path, Request("fp32", "sdpa", 1, "onednn"))
     assert (named.source, named.fp32_matmul) == ("config", "onednn")
-    assert len(counted) == 1
+    assert len(counted) == 2
 
 
 def test_a_cached_entry_with_an_unknown_library_is_measured_again(tmp_path, counted, monkeypatch):
@@ -245,14 +252,12 @@ def test_the_measurement_times_both_libraries_and_keeps_the_faster(monkeypatch):
     assert f"fp32 matmul {choice.fp32_matmul}," in choice.describe()
 
 
-def test_onednn_asked_for_where_it_cannot_serve_is_a_one_line_error(tmp_path, capsys):
-    config = tiny_config(tmp_path, model_type="rnn", max_updates=2, warmup_updates=1)
-    assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=onednn"]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "train.fp32_matmul" in err and "rnn" in err
-    assert not (tmp_path / "run").exists()  # refused before any work
+def test_an_unknown_library_is_a_one_line_error(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=2, warmup_updates=1)
     assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=mkl"]) == 2
-    assert "train.fp32_matmul" in capsys.readouterr().err
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.fp32_matmul" in err and "mkl" in err
+    assert not (tmp_path / "run").exists()  # refused before any work
 
 
 def test_onednn_on_a_gpu_or_without_onednn_is_refused_by_name(monkeypatch):
@@ -263,7 +268,7 @@ def test_onednn_on_a_gpu_or_without_onednn_is_refused_by_name(monkeypatch):
     autotune.check_fp32_matmul("auto", "cpu")
     with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
         autotune.check_fp32_matmul("onednn", "cpu")
-    assert not autotune.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "transformer", "cpu")
+    assert not autotune.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "cpu")
 
 
 def test_a_compiled_layer_leaves_its_products_to_the_compiler():

@@ -12,7 +12,8 @@ Which library computes fp32 products on a CPU is a second choice (``fp32_matmul`
 ``auto``). torch sends them to its BLAS, Intel's MKL on x86 builds, and MKL runs its AVX2 kernels
 on AMD CPUs: on a 2-core AMD EPYC (family 26, AVX-512) its products reached 230-240 GFLOP/s where
 oneDNN's reached 530-555 at the same shapes. With "onednn" the model's fp32 products go through
-oneDNN instead: in training forward and both gradients, in decoding the forward products.
+oneDNN instead (every ``Linear`` and the output layer; the LSTM baseline's output layer only): in
+training forward and both gradients, in decoding the forward products.
 """
 
 from __future__ import annotations
