@@ -18,6 +18,7 @@ from nmt import checkpoint
 from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.distributed import World, share
+from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
 
@@ -81,23 +82,26 @@ def _run_dir(setup, name: str) -> list[str]:
     return [f"run_dir={run_dir}", f"train.max_tokens={max_tokens}", "train.threads=1"]
 
 
-def test_two_gloo_ranks_equal_one_process_on_the_same_global_batches(setup):
+@pytest.mark.parametrize("library", ["blas", "onednn"])  # oneDNN hands some weight gradients over transposed
+def test_two_gloo_ranks_equal_one_process_on_the_same_global_batches(setup, library):
+    if library == "onednn" and not onednn_available():
+        pytest.skip("this torch build has no oneDNN products")
     root, config, _, _, env = setup
-    single = _run_dir(setup, "single")
+    single = _run_dir(setup, f"single-{library}") + [f"train.fp32_matmul={library}"]
     _train(config, single + ["train.accumulate=2"], 1, env)
-    digests = root / "digests"
+    digests = root / f"digests-{library}"
     digests.mkdir()
-    ddp = _run_dir(setup, "ddp")
+    ddp = _run_dir(setup, f"ddp-{library}") + [f"train.fp32_matmul={library}"]
     _train(config, ddp + ["train.accumulate=1"], 2, {**env, "NMT_TEST_PARAM_DIGESTS": str(digests)})
 
     rank0 = (digests / "rank0.txt").read_text().splitlines()
     rank1 = (digests / "rank1.txt").read_text().splitlines()
     assert len(rank0) == UPDATES and rank0 == rank1  # identical parameters after every update
-    diff = _max_diff(_weights(root / "single", UPDATES), _weights(root / "ddp", UPDATES))
+    diff = _max_diff(_weights(root / f"single-{library}", UPDATES), _weights(root / f"ddp-{library}", UPDATES))
     assert diff <= 1e-5
-    log = (root / "ddp" / "train.log").read_text()
-    assert "x 2 ranks (gloo)" in log
-    assert not (root / "ddp" / "train.log").read_text().count("model:") > 1  # rank 0 alone writes the log
+    log = (root / f"ddp-{library}" / "train.log").read_text()
+    assert "x 2 ranks (gloo)" in log and f"fp32 matmul {library}" in log
+    assert not log.count("model:") > 1  # rank 0 alone writes the log
 
 
 def test_resume_with_a_different_number_of_ranks(setup):
