@@ -444,6 +444,8 @@ def choose(
     ``world_threads`` fixes the thread count (ranks of a torchrun job share a machine's cores).
     """
     check_precision(request.precision, device.type, bf16_available(device))
+    if device.type == "cpu":  # elsewhere the library serves nothing (translating a CPU run on a GPU)
+        check_fp32_matmul(request.fp32_matmul, device.type)
     needs = [request.precision == "auto", request.attention == "auto"]
     needs.append(measures_fp32_matmul(request, device.type))
     if device.type == "cpu" and world_threads is None:

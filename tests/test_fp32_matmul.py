@@ -173,7 +173,7 @@ def test_decoding_through_onednn_finds_what_the_blas_finds():
 
 
 @needs_onednn
-def test_translation_uses_the_library_the_run_names(tmp_path):
+def test_translation_uses_the_library_the_run_names(tmp_path, monkeypatch):
     config = tiny_config(tmp_path, max_updates=30, validate_every=30, fp32_matmul="onednn")
     assert main(["train", "--config", str(config)]) == 0
     run = RunDir.existing(tmp_path / "run")
@@ -186,6 +186,9 @@ def test_translation_uses_the_library_the_run_names(tmp_path):
     through_onednn = translator.translate(lines, run.config().decode)
     model.set_fp32_matmul("blas")
     assert translator.translate(lines, run.config().decode) == through_onednn
+    monkeypatch.setattr(autotune, "onednn_available", lambda: False)  # a torch build without oneDNN
+    with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
+        load_translator(run, "cpu")
 
 
 # ---------------------------------------------------------------------------- the measured choice
