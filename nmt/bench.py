@@ -232,7 +232,8 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
         report["decode_model"] = str(model_dir)
     else:
         log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")
-        translator = Translator(trainer.model, trainer.data.src_tok, trainer.data.trg_tok, device, precision)
+        data, kernels = trainer.data, trainer.choice.decoding()
+        translator = Translator(trainer.model, data.src_tok, data.trg_tok, device, precision, kernels=kernels)
         report["decode_model"] = None
     report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
     report["peak_memory_mb"] = _peak_memory_mb(device)

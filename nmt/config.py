@@ -64,7 +64,8 @@ class TrainConfig:
     average_last: int | None = None  # at the end, average the last N checkpoints; kept where dev says it helps
     log_every: int = 50
     tensorboard: bool = False  # also write the metrics as TensorBoard events (pip install 'nmt[tensorboard]')
-    # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached
+    # auto: measured at start-up on this machine with this model's shapes (nmt/autotune.py), then cached;
+    # attention and fp32_matmul are measured for training and for decoding apart
     precision: Literal["auto", "fp32", "bf16", "fp16"] = "auto"
     attention: Literal["auto", "sdpa", "explicit"] = "auto"  # fused SDPA kernel or softmax(QK^T)V in two matmuls
     fp32_matmul: Literal["auto", "blas", "onednn"] = "auto"  # library of fp32 CPU products (LSTM: output layer only)

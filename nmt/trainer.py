@@ -152,7 +152,9 @@ class Trainer:
                 from nmt.tensorboard import TensorBoardLog
 
                 self.metrics.append(TensorBoardLog(self.run.path))
-        self.translator = Translator(self.model, self.data.src_tok, tok, self.device, self.precision, self.log)
+        self.translator = Translator(
+            self.model, self.data.src_tok, tok, self.device, self.precision, self.log, self.choice.decoding()
+        )
         if resume:
             self._resume()
         if world.is_main:  # the run's config.yaml changes only once the run has started with it

@@ -50,7 +50,10 @@ def _print_warning(message: str) -> None:
 
 @dataclass
 class Translator:
-    """A model with its tokenizers, ready to translate text."""
+    """A model with its tokenizers, ready to translate text. It decodes with its own attention kernel
+    and fp32 product library (``autotune.Choice.decoding``: measured on decoding steps, where they may
+    differ from training's), and gives the model back as it found it (the trainer validates with
+    the model it trains)."""
 
     model: Seq2Seq
     src_tok: Tokenizer
@@ -58,6 +61,7 @@ class Translator:
     device: torch.device
     precision: Precision
     warn: Callable[[str], None] | None = None  # where truncated sources are reported; None: stderr
+    kernels: tuple[str, str] | None = None  # (attention kernel, fp32 library) for decoding; None: the model's
 
     def translate_ids(
         self,
@@ -69,8 +73,22 @@ class Translator:
         """The n-best hypotheses of each sentence, best first, in input order. ``progress`` is told
         the source tokens of each batch done (the cost of a sentence grows with its length). With
         ``attention`` each hypothesis carries its weights over the sentence's source tokens (EOS last)."""
-        was_training = self.model.training
-        self.model.eval()
+        model = self.model
+        was = model.training, model.attention_kernel, model.fp32_matmul
+        model.eval()
+        if self.kernels is not None:
+            model.set_attention_kernel(self.kernels[0])
+            model.set_fp32_matmul(self.kernels[1])
+        try:
+            return self._translate_ids(src_ids, decode, progress, attention)
+        finally:
+            model.train(was[0])
+            model.set_attention_kernel(was[1])
+            model.set_fp32_matmul(was[2])
+
+    def _translate_ids(
+        self, src_ids: list[list[int]], decode: DecodeConfig, progress: Callable[[int], None] | None, attention: bool
+    ) -> list[list[Hypothesis]]:
         tok = self.trg_tok
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
         max_positions = self.model.max_positions
@@ -112,7 +130,6 @@ class Translator:
                     results[row] = hyps
                 if progress is not None:
                     progress(sum(lengths[i] + 1 for i in rows))
-        self.model.train(was_training)
         return results
 
     def translate(
@@ -223,10 +240,12 @@ def load_translator(
     autotune.apply_threads(choice)
     if log is not None and choice.timings:
         log("auto: " + choice.describe())
-    model.set_attention_kernel(choice.attention)
-    model.set_fp32_matmul(choice.fp32_matmul)
+    attention, fp32_matmul = choice.decoding()
+    model.set_attention_kernel(attention)
+    model.set_fp32_matmul(fp32_matmul)
     model.to(device).eval()
-    return Translator(model, src_tok, trg_tok, device, Precision(device.type, choice.precision), log)
+    precision = Precision(device.type, choice.precision)
+    return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding())
 
 
 def _quiet(message: str) -> None:

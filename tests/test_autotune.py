@@ -62,6 +62,69 @@ def test_auto_is_never_slower_than_fp32():
         assert grid[f"{precision}/{kernel}"] <= min(grid["fp32/sdpa"], grid["fp32/explicit"])
 
 
+def _race_from_table(table: dict[str, float], ran: list[str]):
+    """A ``race`` that runs every candidate once (so each must work) and reports ``table``'s times."""
+
+    def fake(steps, device, rounds=3, usage=None):
+        for name, step in steps.items():
+            step()
+            ran.append(name)
+        return {name: table[name] for name in steps}
+
+    return fake
+
+
+TRAINING_TIMES = {"blas": 60.0, "onednn": 59.0, "fp32/sdpa": 50.0, "fp32/explicit": 51.0, "1": 90.0}
+
+
+@pytest.mark.parametrize(
+    "decoding, expected",
+    [
+        (
+            {"blas/sdpa": 40.0, "blas/explicit": 39.0, "onednn/sdpa": 35.0, "onednn/explicit": 33.0},
+            ("explicit", "onednn"),
+        ),
+        ({"blas/sdpa": 40.0, "blas/explicit": 39.0, "onednn/sdpa": 41.0, "onednn/explicit": 39.5}, ("sdpa", "blas")),
+        (
+            {"blas/sdpa": 40.0, "blas/explicit": 36.0, "onednn/sdpa": 41.0, "onednn/explicit": 39.5},
+            ("explicit", "blas"),
+        ),
+    ],
+)
+def test_decoding_gets_its_own_measured_kernel_and_library(monkeypatch, decoding, expected):
+    """Training's pair (here blas, sdpa: oneDNN and explicit within the margin) is decoding's default,
+    replaced only by a pair that decodes MARGIN faster."""
+    if not autotune.onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    ran: list[str] = []
+    threads = str(autotune.usable_cpus())
+    table = {**TRAINING_TIMES, threads: 50.0, **decoding}
+    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
+    shape = autotune.tuning_shape(SMALL, 50, 4096, 100, "cpu")
+    choice = autotune.measure(Request(precision="fp32"), shape, CPU)
+    assert (choice.precision, choice.attention, choice.fp32_matmul) == ("fp32", "sdpa", "blas")
+    assert choice.decoding() == expected
+    assert choice.timings["decoding"] == decoding
+    assert set(decoding) <= set(ran)  # every pair really took its decoding steps
+    described = choice.describe()
+    assert ("decoding with" in described) == (expected != ("sdpa", "blas"))
+
+
+def test_decoding_in_bf16_measures_the_kernel_only(monkeypatch):
+    """The library serves only fp32 products: in bf16 the decoding candidates are the kernels."""
+    ran: list[str] = []
+    threads = str(autotune.usable_cpus())
+    table = {**TRAINING_TIMES, "bf16/sdpa": 30.0, "bf16/explicit": 20.0, threads: 20.0, "sdpa": 10.0, "explicit": 12.0}
+    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
+    monkeypatch.setattr(autotune, "bf16_available", lambda device: True)
+    monkeypatch.setattr(autotune, "precision_candidates", lambda device_type, bf16: ["fp32", "bf16"])
+    shape = autotune.tuning_shape(SMALL, 50, 4096, 100, "cpu")
+    choice = autotune.measure(Request(), shape, CPU)
+    assert (choice.precision, choice.attention) == ("bf16", "explicit")
+    assert choice.timings["decoding"] == {"sdpa": 10.0, "explicit": 12.0}
+    assert choice.decoding()[0] == "sdpa"  # 17% faster in decoding steps
+
+
 # ---------------------------------------------------------------------------- the cache
 
 
@@ -72,7 +135,8 @@ def counted(monkeypatch):
 
     def fake(request, shape, device, world_threads=None):
         calls.append(request)
-        return autotune.Choice("fp32", "explicit", 2, {"precision/attention": {"fp32/explicit": 1.0}}, "measured", "x")
+        timings = {"precision/attention": {"fp32/explicit": 1.0}}
+        return autotune.Choice("fp32", "explicit", 2, timings, "measured", "x", decode_fp32_matmul="onednn")
 
     monkeypatch.setattr(autotune, "measure", fake)
     return calls
@@ -88,6 +152,7 @@ def test_second_run_pays_nothing(tmp_path, counted):
     assert len(counted) == 1
     assert first.source == "measured" and second.source == "cached"
     assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", 2)
+    assert second.decoding() == ("explicit", "onednn")  # the decoding choice is cached with the rest
     assert "cached" in second.describe() and "fp32/explicit 1.0" in second.describe()
 
 
@@ -245,6 +310,12 @@ def _check_consistent(result: dict) -> dict:
     assert (choice["precision"], choice["attention"]) == decide(grid, precisions, kernels)
     libraries = choice["timings"].get("fp32 matmul")
     assert choice["fp32_matmul"] == (pick(libraries, "blas") if libraries else "blas")
+    decoding = choice["timings"]["decoding"]  # "library/kernel" in fp32, the kernel alone in bf16
+    if choice["precision"] == "fp32":
+        picked = pick(decoding, f"{choice['fp32_matmul']}/{choice['attention']}").split("/")
+        assert [choice["decode_fp32_matmul"], choice["decode_attention"]] == picked
+    else:
+        assert choice["decode_attention"] == pick(decoding, choice["attention"])
     return choice
 
 
@@ -359,3 +430,47 @@ def test_cpu_use_is_cpu_time_over_wall_time_and_threads():
     assert autotune.cpu_use([(1.0, 2.0), (1.0, 1.8)], threads=2) == pytest.approx(0.95)
     assert autotune.cpu_use([(2.0, 2.4)], threads=2) == pytest.approx(0.6)
     assert autotune.cpu_use([], threads=2) == 1.0
+
+
+def test_validation_decodes_with_the_decoding_choice_and_training_keeps_its_own(tmp_path, monkeypatch):
+    """A run whose decoding choice differs from training's: every search step runs with decoding's
+    kernel and library, every training forward pass (before and after each validation) with training's."""
+    from nmt.config import DecodeConfig
+    from nmt.models.transformer import Transformer
+    from nmt.rundir import RunDir
+    from nmt.translate import load_translator
+
+    if not autotune.onednn_available():
+        pytest.skip("this torch build has no oneDNN")
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # the faked choice stays out of the session cache
+
+    def fake(request, shape, device, world_threads=None):
+        timings = {"decoding": {"blas/sdpa": 2.0, "onednn/explicit": 1.0}}
+        return autotune.Choice("fp32", "sdpa", 1, timings, "measured", "x", None, "blas", "explicit", "onednn")
+
+    monkeypatch.setattr(autotune, "measure", fake)
+    seen: dict[str, set] = {"decode": set(), "train": set()}
+
+    def kernels(model: Transformer) -> tuple[str, str]:
+        layer = model.decoder[0]
+        return layer.self_attn.kernel, layer.ff.up.fp32_matmul
+
+    def recorded(name: str, method):
+        def wrapper(self, *args, **kwargs):
+            seen[name].add((kernels(self), self.training))
+            return method(self, *args, **kwargs)
+
+        return wrapper
+
+    monkeypatch.setattr(Transformer, "decode_step", recorded("decode", Transformer.decode_step))
+    monkeypatch.setattr(Transformer, "decode_features", recorded("train", Transformer.decode_features))
+    config = tiny_config(tmp_path, precision="auto", max_updates=4, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    assert seen["decode"] == {(("explicit", "onednn"), False)}
+    training = {k for k, is_training in seen["train"] if is_training}
+    assert training == {("sdpa", "blas")}
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "decoding with attention explicit, fp32 matmul onednn" in log
+    seen["decode"].clear()  # nmt translate: the same choice, from the cache
+    load_translator(RunDir(tmp_path / "run"), "cpu").translate(["ein kleiner test"], DecodeConfig())
+    assert seen["decode"] == {(("explicit", "onednn"), False)}

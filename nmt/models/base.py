@@ -23,6 +23,7 @@ class Seq2Seq(nn.Module):
     pad_id: int
     max_positions: int | None = None  # longest sequence (source or target) the model accepts; None: any
     fp32_matmul: str = "blas"  # library of fp32 CPU products (``set_fp32_matmul``)
+    attention_kernel: str = "sdpa"  # (``set_attention_kernel``)
 
     def forward(
         self, src: torch.Tensor, src_mask: torch.Tensor, trg_in: torch.Tensor, features_only: bool = False
@@ -35,6 +36,7 @@ class Seq2Seq(nn.Module):
 
     def set_attention_kernel(self, kernel: str) -> None:
         """Compute attention with ``kernel`` ("sdpa" or "explicit"); models without such a choice ignore it."""
+        self.attention_kernel = kernel
 
     def set_fp32_matmul(self, library: str) -> None:
         """Compute fp32 CPU products with ``library``: "blas" (torch's BLAS, MKL on x86) or "onednn", in

@@ -263,6 +263,7 @@ class Transformer(Seq2Seq):
         """Every attention sublayer computes with ``kernel`` ("sdpa" or "explicit") from now on."""
         if kernel not in ("sdpa", "explicit"):
             raise ValueError(f"unknown attention kernel {kernel!r}: expected 'sdpa' or 'explicit'")
+        self.attention_kernel = kernel
         for module in self.modules():
             if isinstance(module, (SelfAttention, CrossAttention)):
                 module.kernel = kernel
