@@ -255,6 +255,19 @@ def test_the_measurement_times_both_libraries_and_keeps_the_faster(monkeypatch):
     assert f"fp32 matmul {choice.fp32_matmul}," in choice.describe()
 
 
+@needs_onednn
+def test_decoding_is_measured_with_both_libraries_for_the_lstm_too():
+    """The real decoding measurement on the LSTM baseline (no attention choice: its library only):
+    its steps run with each library and the choice follows ``pick``'s rule from training's library."""
+    rnn = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1)
+    shape = autotune.tuning_shape(rnn, 50, 256, 16, "cpu")
+    choice = autotune.measure(Request("fp32", "auto", 1, "auto"), shape, CPU)
+    decoding = choice.timings["decoding"]
+    assert set(decoding) == {"blas/sdpa", "onednn/sdpa"} and all(ms > 0 for ms in decoding.values())
+    library = autotune.pick(decoding, f"{choice.fp32_matmul}/sdpa").split("/")[0]
+    assert choice.decoding() == ("sdpa", library)
+
+
 def test_an_unknown_library_is_a_one_line_error(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, warmup_updates=1)
     assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=mkl"]) == 2
