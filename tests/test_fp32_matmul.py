@@ -4,6 +4,7 @@ and translation; the choice is measured, cached and checked like the other ``aut
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -18,7 +19,7 @@ from nmt.device import Precision
 from nmt.errors import NMTError
 from nmt.loss import projected_label_smoothed_nll, projection_block_rows, teacher_forced_loss
 from nmt.models import build_model, linear
-from nmt.models.linear import Linear, onednn_available, onednn_mm, onednn_rows_product
+from nmt.models.linear import Linear, onednn_affine, onednn_available, onednn_mm, onednn_rows_product
 from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.rundir import RunDir
@@ -183,9 +184,17 @@ def test_translation_uses_the_library_the_run_names(tmp_path, monkeypatch):
         m.fp32_matmul == "onednn" for m in model.modules() if isinstance(m, Linear)
     )
     lines = [s for s, _ in PAIRS]
+    attention, library = translator.kernels  # the pair each translation decodes with
+    assert library == "onednn"
+    calls = []
+    monkeypatch.setattr(linear, "onednn_affine", lambda *args: calls.append(1) or onednn_affine(*args))
     through_onednn = translator.translate(lines, run.config().decode)
-    model.set_fp32_matmul("blas")
-    assert translator.translate(lines, run.config().decode) == through_onednn
+    assert calls
+    calls.clear()
+    blas = dataclasses.replace(translator, kernels=(attention, "blas"))
+    through_blas = blas.translate(lines, run.config().decode)
+    assert not calls
+    assert through_blas == through_onednn
     monkeypatch.setattr(autotune, "onednn_available", lambda: False)  # a torch build without oneDNN
     with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
         load_translator(run, "cpu")
