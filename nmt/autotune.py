@@ -439,7 +439,8 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
             kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
         usage: list[tuple[float, float]] = []
         library = request.named_fp32_matmul
-        if measures_fp32_matmul(request, device.type):
+        libraries_left_to_auto = measures_fp32_matmul(request, device.type)
+        if libraries_left_to_auto:
             options = race({name: step_with("fp32", kernels[0], name) for name in FP32_MATMULS}, device, usage=usage)
             timings["fp32 matmul"] = options
             library = pick(options, "blas")
@@ -464,7 +465,7 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
             else:
                 threads = int(request.threads)
         decode_library, decode_attention = library, attention
-        race_libraries = precision == "fp32" and measures_fp32_matmul(request, device.type)
+        race_libraries = precision == "fp32" and libraries_left_to_auto
         if len(kernels) > 1 or race_libraries:
             if threads is not None:
                 torch.set_num_threads(threads)
