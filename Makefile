@@ -4,7 +4,11 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 # The CPU build of torch (on this machine's disk); a GPU user may set TORCH_SPEC='torch>=2.2'.
 TORCH_SPEC ?= torch==2.13.0
-MULTI30K_DIR ?= $(abspath ../shared/data/multi30k)
+# scripts/get_multi30k.py copies Multi30k from MULTI30K_DIR when it is set, and downloads it
+# otherwise. The default is ../shared/data/multi30k where that directory exists (this project's
+# machines), and empty elsewhere, so that a fresh clone downloads.
+SHARED_MULTI30K := $(abspath ../shared/data/multi30k)
+MULTI30K_DIR ?= $(if $(wildcard $(SHARED_MULTI30K)/train.de),$(SHARED_MULTI30K))
 export MULTI30K_DIR
 # Threads of each Multi30k training (auto: measured); `make -j2 compare THREADS=1` trains two at once,
 # one per core, as the README's Transformer-vs-LSTM table was measured.

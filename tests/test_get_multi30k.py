@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+import pytest
 
 SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "get_multi30k.py"
 SPLITS = ("train", "val", "test_2016_flickr")
@@ -68,3 +71,36 @@ def test_offline_download_fails_with_one_clear_line(tmp_path: Path) -> None:
     assert res.returncode == 2
     assert res.stderr.count("\n") == 1 and "Traceback" not in res.stderr
     assert "could not download" in res.stderr and "MULTI30K_DIR" in res.stderr
+
+
+def makefile_multi30k_dir(project: Path, env_value: str | None) -> str:
+    """MULTI30K_DIR as the Makefile in ``project`` exports it to its recipes."""
+    env = {k: v for k, v in os.environ.items() if k != "MULTI30K_DIR"}
+    if env_value is not None:
+        env["MULTI30K_DIR"] = env_value
+    show = 'show: ; @echo "[$$MULTI30K_DIR]"'
+    done = subprocess.run(
+        ["make", "--no-print-directory", f"--eval={show}", "show"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()[1:-1]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_makefile_downloads_on_a_fresh_machine_and_copies_where_shared_data_exists(tmp_path: Path) -> None:
+    project = tmp_path / "clone"
+    project.mkdir()
+    shutil.copy(SCRIPT.parents[1] / "Makefile", project / "Makefile")
+    # a fresh machine: no ../shared beside the clone, so the script must be left to download
+    assert makefile_multi30k_dir(project, None) == ""
+    shared = tmp_path / "shared" / "data" / "multi30k"
+    shared.mkdir(parents=True)
+    assert makefile_multi30k_dir(project, None) == "", "an empty directory is not the data"
+    (shared / "train.de").write_text("x\n")
+    assert makefile_multi30k_dir(project, None) == str(shared)
+    assert makefile_multi30k_dir(project, "/elsewhere") == "/elsewhere"
