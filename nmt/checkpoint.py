@@ -143,10 +143,12 @@ class CheckpointManager:
     def save_best(self, payload: dict, update: int, score: float) -> bool:
         """Save if ``score`` ranks among the best N; returns whether it was kept."""
         index = self.read_index()
-        best = [b for b in index.get("best", []) if (self.directory / b["file"]).exists()]
+        name = f"best_{update:08d}.pt"
+        # A run resumed from an older state validates again at updates whose best checkpoint the
+        # interrupted attempt already wrote: that entry is replaced, never counted twice.
+        best = [b for b in index.get("best", []) if b["file"] != name and (self.directory / b["file"]).exists()]
         if len(best) >= self.keep_best and score <= min(b["score"] for b in best):
             return False
-        name = f"best_{update:08d}.pt"
         save(payload, self.directory / name)
         best = sorted(best + [{"file": name, "score": score, "update": update}], key=lambda b: -b["score"])
         kept, dropped = best[: self.keep_best], best[self.keep_best :]

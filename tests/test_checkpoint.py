@@ -89,6 +89,27 @@ def test_manager_keeps_last_k_and_best_n(tmp_path):
     assert m.best_path().name == "best_00000002.pt"
 
 
+@pytest.mark.parametrize("keep_best", [1, 2])
+def test_a_best_checkpoint_saved_again_after_a_resume_is_kept(tmp_path, keep_best):
+    # An attempt wrote best_2 and was killed before its training state; the resumed run validates
+    # at update 2 again (the same score, or another where validation settings changed).
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=keep_best)
+    assert m.save_best(payload(1.0), 1, score=10.0)
+    assert m.save_best(payload(2.0), 2, score=20.0)
+    m.save_best(payload(2.0), 2, score=20.0)
+    assert m.save_best(payload(2.5), 2, score=25.0)
+    assert [b["file"] for b in m.read_index()["best"]][:1] == ["best_00000002.pt"]
+    assert m.best_path() == tmp_path / "best_00000002.pt"
+    assert m.save_best(payload(3.0), 3, score=30.0)
+    index = m.read_index()["best"]
+    expected = ["best_00000003.pt", "best_00000002.pt"][:keep_best]
+    assert [b["file"] for b in index] == expected
+    assert sorted(p.name for p in tmp_path.glob("best_*.pt")) == sorted(expected)
+    assert m.best_path().name == "best_00000003.pt"
+    if keep_best == 2:
+        assert index[1]["score"] == 25.0 and checkpoint.load(tmp_path / expected[1])["model"]["w"][0, 0].item() == 2.5
+
+
 def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
     m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
     m.save_state(payload(1.0), 1)
