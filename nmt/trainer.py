@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import math
 import random
+import signal
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
@@ -32,6 +33,7 @@ from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
+from nmt.signals import Interrupted
 from nmt.translate import Translator
 
 
@@ -344,6 +346,10 @@ class Trainer:
                 self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device
             )
             bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
+        except KeyboardInterrupt as e:  # a signal outside the loop's guard: the final validation
+            self.save()
+            self.log(f"validation at update {p.update} interrupted; checkpoint written")
+            raise self.interrupted(getattr(e, "signum", signal.SIGINT)) from None
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             self.save()
             first = (str(e).strip().splitlines() or [""])[0]
@@ -402,6 +408,14 @@ class Trainer:
             **self._fingerprint(),
         }
         self.checkpoints.save_state(state, self.progress.update)
+
+    def interrupted(self, signum: int) -> Interrupted:
+        """What ends a run stopped by a signal once its checkpoint is written."""
+        return Interrupted(
+            f"{signal.Signals(signum).name} received: checkpoint written at update {self.progress.update}; "
+            f"resume with: nmt train --config {self.run.config_path}",
+            signum,
+        )
 
     def _fingerprint(self) -> dict:
         return {"fingerprint": self.run.fingerprint(self.cfg)}

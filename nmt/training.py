@@ -7,7 +7,6 @@ What one update does, and the model, data and checkpoints behind it, are the ``T
 
 from __future__ import annotations
 
-import signal
 import sys
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from nmt import distributed
 from nmt.batching import padding_fraction
 from nmt.config import Config, TrainConfig
 from nmt.rundir import RunDir
-from nmt.signals import Interrupted, SignalGuard
+from nmt.signals import SignalGuard
 from nmt.trainer import Progress, Trainer
 
 
@@ -94,17 +93,9 @@ def run_loop(trainer: Trainer) -> str:
             if signals.received is not None:
                 report.close()
                 trainer.save()
-                raise _interrupted(signals.received, trainer)
+                raise trainer.interrupted(signals.received)
     report.close()
     return reason
-
-
-def _interrupted(signum: int, trainer: Trainer) -> Interrupted:
-    return Interrupted(
-        f"{signal.Signals(signum).name} received: checkpoint written at update {trainer.progress.update}; "
-        f"resume with: nmt train --config {trainer.run.config_path}",
-        signum,
-    )
 
 
 class Report:

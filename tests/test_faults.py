@@ -260,3 +260,36 @@ def test_sigterm_before_training_starts_is_an_interruption_not_a_kill(tmp_path):
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err
     assert "nmt train: interrupted" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, "Terminated"])
+def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, monkeypatch, capsys, stop):
+    # The loop's signal guard ends with the loop; a run bounded by max_minutes usually stops between
+    # validations, so the final one is where a Ctrl-C or a scheduler's SIGTERM most often lands.
+    from nmt import trainer as trainer_module
+    from nmt.signals import Terminated
+
+    error = Terminated if stop == "Terminated" else stop
+    config = tiny_config(tmp_path, max_updates=12, validate_every=1000, threads=1)
+    real_dev_bleu = trainer_module.dev_bleu
+
+    def stopped(*args, **kwargs):
+        raise error()
+
+    monkeypatch.setattr(trainer_module, "dev_bleu", stopped)
+    code = main(["train", "--config", str(config)])
+    err = capsys.readouterr().err
+    assert code == (143 if stop == "Terminated" else 130), err
+    assert "received: checkpoint written at update 12" in err and "Traceback" not in err
+    update, model = final_model(tmp_path / "run")
+    assert update == 12
+    state = checkpoint.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")
+    assert state["progress"]["last_validated"] != 12
+
+    # The resumed run trains no further and validates the update it stopped at.
+    monkeypatch.setattr(trainer_module, "dev_bleu", real_dev_bleu)
+    assert main(["train", "--config", str(config)]) == 0
+    assert checkpoint.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")["progress"]["last_validated"] == 12
+    assert (tmp_path / "run" / "checkpoints" / "best_00000012.pt").exists()
+    resumed = checkpoint.load(tmp_path / "run" / "checkpoints" / "best_00000012.pt")["model"]
+    assert all(torch.equal(model[k], resumed[k]) for k in model)
