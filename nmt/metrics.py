@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections import deque
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,11 @@ class MetricsLog:
     """One JSON object per line; flushed so a killed run keeps what it logged."""
 
     def __init__(self, path: Path):
-        self.file = open(path, "a", encoding="utf-8")
+        try:
+            end_torn_tail(path)
+            self.file = open(path, "a", encoding="utf-8")
+        except OSError as e:
+            raise NMTError(f"{path}: cannot write the run's metrics ({e.strerror or e})") from None
 
     def write(self, record: dict) -> None:
         self.file.write(json.dumps(record) + "\n")
@@ -34,6 +39,35 @@ class MetricsLog:
 
     def close(self) -> None:
         self.file.close()
+
+
+def end_torn_tail(path: Path, block: int = 1 << 16) -> None:
+    """Before appending: a last line without its newline (a crash, a full disk) gets its newline
+    where it is a whole record and is cut where it was written in part, so that the next record
+    starts on a line of its own instead of being glued to the fragment."""
+    if not path.exists():
+        return
+    with open(path, "rb+") as f:
+        size = f.seek(0, os.SEEK_END)
+        line_start = 0
+        for end in range(size, 0, -block):
+            f.seek(max(0, end - block))
+            newline = f.read(end - max(0, end - block)).rfind(b"\n")
+            if newline >= 0:
+                line_start = max(0, end - block) + newline + 1
+                break
+        if line_start == size:
+            return
+        f.seek(line_start)
+        try:
+            whole = isinstance(json.loads(f.read().decode("utf-8")), dict)
+        except ValueError:
+            whole = False
+        if whole:
+            f.seek(size)
+            f.write(b"\n")
+        else:
+            f.truncate(line_start)
 
 
 @dataclass(frozen=True)

@@ -115,6 +115,35 @@ def test_metrics_log_round_trip_while_a_line_is_being_written(tmp_path):
     log.close()
 
 
+@pytest.mark.parametrize("block", [4, 1 << 16])
+def test_a_resumed_run_appends_after_a_torn_or_unterminated_last_line(tmp_path, block, monkeypatch):
+    # The fragment a crash left is cut; a whole record that only lacks its newline is kept.
+    import nmt.metrics
+
+    monkeypatch.setattr(nmt.metrics.end_torn_tail, "__defaults__", (block,))
+    run = write_run(tmp_path / "torn", [train(1, 1.0)], '{"type": "train", "upd')
+    log = MetricsLog(run / "metrics.jsonl")
+    log.write(train(2, 2.0))
+    log.close()
+    assert read_metrics(run)[0] == [train(1, 1.0), train(2, 2.0)]
+    run = write_run(tmp_path / "whole", [train(1, 1.0)], json.dumps(train(2, 2.0)))
+    log = MetricsLog(run / "metrics.jsonl")
+    log.write(train(3, 3.0))
+    log.close()
+    assert read_metrics(run)[0] == [train(1, 1.0), train(2, 2.0), train(3, 3.0)]
+    run = write_run(tmp_path / "only", [], '{"type": "tra')  # no newline anywhere
+    log = MetricsLog(run / "metrics.jsonl")
+    log.write(train(1, 1.0))
+    log.close()
+    assert read_metrics(run)[0] == [train(1, 1.0)]
+
+
+def test_metrics_that_cannot_be_written_are_a_one_line_error(tmp_path):
+    (tmp_path / "metrics.jsonl").mkdir()
+    with pytest.raises(NMTError, match="metrics.jsonl: cannot write the run's metrics"):
+        MetricsLog(tmp_path / "metrics.jsonl")
+
+
 def test_corrupt_middle_line_is_a_one_line_error(tmp_path):
     run = write_run(tmp_path / "bad", [train(1, 1.0)], 'garbage{\n{"type": "train", "update": 3, "elapsed": 3}\n')
     with pytest.raises(NMTError) as e:
