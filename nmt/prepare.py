@@ -112,8 +112,13 @@ def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
     paths = run.tokenizer_paths(cfg)
+    missing = [p for p in paths if not p.exists()]
+    if missing and run.has_checkpoints():  # a new tokenizer would not be the one the model was trained with
+        raise NMTError(
+            f"{missing[0]}: missing from a run that has checkpoints; its model was trained with it: restore it"
+        )
     # Only a tokenizer still to train reads the corpus here: a resumed run does not touch it.
-    if not all(p.exists() for p in paths) and next(_train_side(cfg, 0), None) is None:
+    if missing and next(_train_side(cfg, 0), None) is None:
         raise _empty_corpus("train", d.train)
     return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths)
 
