@@ -346,10 +346,6 @@ class Trainer:
                 self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device
             )
             bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
-        except KeyboardInterrupt as e:  # a signal outside the loop's guard: the final validation
-            self.save()
-            self.log(f"validation at update {p.update} interrupted; checkpoint written")
-            raise self.interrupted(getattr(e, "signum", signal.SIGINT)) from None
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             self.save()
             first = (str(e).strip().splitlines() or [""])[0]

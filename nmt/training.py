@@ -7,6 +7,7 @@ What one update does, and the model, data and checkpoints behind it, are the ``T
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from collections.abc import Callable
@@ -36,10 +37,14 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     reason = run_loop(trainer)
     p = trainer.progress
     trainer.log(f"stopping: {reason}")
-    if p.last_validated != p.update:
-        trainer.validate()
-    if trainer.cfg.train.average_last:
-        trainer.average()
+    try:
+        if p.last_validated != p.update:
+            trainer.validate()
+        if trainer.cfg.train.average_last:
+            trainer.average()
+    except KeyboardInterrupt as e:  # past the loop's signal guard: the updates since the last checkpoint stay
+        trainer.save()
+        raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
     # Every rank reaches the end before any tears down: gloo aborted now and then when one
     # rank destroyed its group while another was still in its last collective.

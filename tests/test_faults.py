@@ -295,12 +295,18 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
     assert all(torch.equal(model[k], resumed[k]) for k in model)
 
 
+def file_times(run: Path) -> dict[Path, int]:
+    """When each file of a run was last written; the log and the lock change on every start."""
+    changing = ("train.log", "train.lock")
+    return {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name not in changing}
+
+
 def test_a_run_that_lost_its_tokenizer_is_refused_and_left_as_it_was(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=4, warmup_updates=2, validate_every=1000, threads=1)
     assert main(["train", "--config", str(config)]) == 0
     run = tmp_path / "run"
     (run / "spm.model").unlink()
-    before = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name not in ("train.log", "train.lock")}
+    before = file_times(run)
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=8"]) == 2
     err = capsys.readouterr().err
@@ -308,5 +314,4 @@ def test_a_run_that_lost_its_tokenizer_is_refused_and_left_as_it_was(tmp_path, c
     assert last.startswith("nmt train: error: ") and "spm.model: missing from a run that has checkpoints" in last
     assert "Traceback" not in err
     assert not (run / "spm.model").exists()
-    after = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file() and p.name not in ("train.log", "train.lock")}
-    assert after == before
+    assert file_times(run) == before
