@@ -50,7 +50,7 @@ def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
         fd = None
     if fd is None:
         data = sys.stdin.buffer.read()
-        lines = _split(data, 0) if data else []
+        lines = _split(data.removesuffix(b"\n"), 0) if data else []
         for start in range(0, len(lines), lines_per_window):
             yield lines[start : start + lines_per_window]
         return
@@ -80,7 +80,8 @@ def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
 
 
 def _split(data: bytes, lines_before: int) -> list[str]:
-    """Complete lines of ``data`` (no final newline), decoded; a one-line error names a bad line."""
+    """The lines of ``data``, which the caller has cut before its final newline (so a blank last
+    line is kept), decoded; a one-line error names a bad line."""
     if lines_before == 0 and data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
     try:
@@ -88,8 +89,6 @@ def _split(data: bytes, lines_before: int) -> list[str]:
     except UnicodeDecodeError as e:
         line = lines_before + data.count(b"\n", 0, e.start) + 1
         raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
-    if text.endswith("\n"):
-        text = text[:-1]
     return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
 
 

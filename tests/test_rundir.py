@@ -298,6 +298,28 @@ def test_a_line_on_stdin_is_answered_before_the_input_ends(trained):
     assert proc.returncode == 0
 
 
+@pytest.mark.parametrize("stream", [False, True])
+def test_blank_lines_on_stdin_keep_their_place_across_a_pause(trained, stream):
+    (s0, t0), (s1, t1) = PAIRS[:2]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", "translate", "--model", str(trained / "run"), "--beam-size", "1"]
+        + (["--stream"] if stream else []),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        proc.stdin.write(f"{s0}\n\n\n".encode())
+        proc.stdin.flush()
+        ready, _, _ = select.select([proc.stdout], [], [], 120)  # answered: the pause has been read
+        assert ready, "no answer while the input is still open"
+        proc.stdin.write(f"\n{s1}\n\n".encode())  # a blank line after the pause, and one at the end
+    finally:
+        out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert out.decode().split("\n") == [t0, "", "", "", t1, "", ""]  # the last "" follows the final newline
+
+
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path, signum, code):
     out = tmp_path / "out.en"
