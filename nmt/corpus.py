@@ -110,6 +110,13 @@ def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
 
 
+def has_cr_line_ends(path: Path) -> bool:
+    """Whether the file breaks lines with CR alone (old Mac): only ``\\n`` ends a line here, so
+    such a file reads as one long line. Its first block tells."""
+    block = next(_blocks(path), b"")
+    return b"\r" in block and b"\n" not in block
+
+
 def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[Chunk]:
     while batch := list(islice(pairs, size)):
         src, trg = zip(*batch)

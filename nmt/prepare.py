@@ -20,10 +20,18 @@ import numpy as np
 
 from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index
 from nmt.config import Config, CorpusConfig
-from nmt.corpus import clean_pairs, describe_drops, iter_parallel, plain_paths, read_parallel, resolve_format
+from nmt.corpus import (
+    clean_pairs,
+    describe_drops,
+    has_cr_line_ends,
+    iter_parallel,
+    plain_paths,
+    read_parallel,
+    resolve_format,
+)
 from nmt.errors import NMTError
 from nmt.rundir import RunDir
-from nmt.tokenizer import Tokenizer, train_or_load_tokenizers
+from nmt.tokenizer import NoLineFits, Tokenizer, train_or_load_tokenizers
 
 
 @dataclass
@@ -58,11 +66,11 @@ class Prepared:
     dev: EncodedCorpus
 
 
-def corpus_files(spec: CorpusConfig, src_lang: str, trg_lang: str) -> list[Path]:
-    """The local files a corpus spec reads (none for a Hugging Face dataset by name)."""
+def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
+    """The local files a corpus spec reads for ``langs`` (none for a Hugging Face dataset by name)."""
     if Path(spec.path).is_file():
         return [Path(spec.path)]
-    return [p for lang in (src_lang, trg_lang) for p in plain_paths(spec.path, lang) if p.is_file()]
+    return [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
 
 
 def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
@@ -108,6 +116,18 @@ def _train_side(cfg: Config, side: int) -> Iterator[str]:
         yield from clean_pairs(*chunk)[side]
 
 
+def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
+    """``error`` naming the training file(s) it is about, and those that seem to use CR line endings."""
+    d = cfg.data
+    langs = (d.src_lang, d.trg_lang) if error.side is None else ((d.src_lang, d.trg_lang)[error.side],)
+    files = corpus_files(d.train, *langs)
+    where = ", ".join(map(str, files)) or f"config key 'data.train' ({d.train.path})"
+    cr = [
+        f"; {f} seems to use CR line endings (old Mac), so it reads as one line" for f in files if has_cr_line_ends(f)
+    ]
+    return NMTError(f"{where}: {error}{''.join(cr)}")
+
+
 def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
@@ -120,7 +140,10 @@ def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     # Only a tokenizer still to train reads the corpus here: a resumed run does not touch it.
     if missing and next(_train_side(cfg, 0), None) is None:
         raise _empty_corpus("train", d.train)
-    return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths)
+    try:
+        return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths)
+    except NoLineFits as e:
+        raise _no_line_fits(cfg, e) from None
 
 
 def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:

@@ -19,6 +19,7 @@ import sentencepiece as spm
 from nmt.errors import NMTError
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
+MAX_SENTENCE_BYTES = 4192  # SentencePiece's default max_sentence_length, passed so that _fits agrees with it
 
 
 @dataclass
@@ -130,7 +131,44 @@ def _vocab_error(message: str, vocab_size: int) -> NMTError:
     return NMTError(f"SentencePiece training failed: {first}")
 
 
-def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path) -> None:
+class NoLineFits(NMTError):
+    """Every line given to SentencePiece is over its length limit, which it skips: nothing is left to
+    train on. ``side`` says whose lines (0 source, 1 target, None both: a joint model), for the
+    caller to name the files."""
+
+    def __init__(self, side: int | None):
+        super().__init__(
+            f"every line is longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes, "
+            "so there is nothing to train the vocabulary on"
+        )
+        self.side = side
+
+
+def _fits(line: str) -> bool:
+    """Whether SentencePiece trains on ``line`` rather than skipping it (it counts UTF-8 bytes)."""
+    return len(line) <= MAX_SENTENCE_BYTES // 4 or len(line.encode()) <= MAX_SENTENCE_BYTES
+
+
+class _WatchedLines:
+    """The non-empty lines, passed on lazily, noting whether all were read and any fits."""
+
+    def __init__(self, lines: Iterable[str]):
+        self.lines, self.count, self.any_fits, self.all_read = lines, 0, False, False
+
+    def __iter__(self) -> Iterator[str]:
+        for line in self.lines:
+            if line:
+                self.count += 1
+                self.any_fits = self.any_fits or _fits(line)
+                yield line
+        self.all_read = True
+
+    @property
+    def all_too_long(self) -> bool:
+        return self.all_read and self.count > 0 and not self.any_fits
+
+
+def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None) -> None:
     """Train to a temporary prefix beside ``model_path``, then rename into place.
 
     The rename is what makes a model visible for reuse, so an interrupted run leaves no
@@ -139,15 +177,16 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
     model_path.parent.mkdir(parents=True, exist_ok=True)
     final_prefix = model_path.with_suffix("")
     tmp_prefix = model_path.parent / f".{final_prefix.name}.tmp{os.getpid()}"
-    nonempty: Iterator[str] = (s for s in sentences if s)
+    watched = _WatchedLines(sentences)
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=nonempty,
+            sentence_iterator=iter(watched),
             model_prefix=str(tmp_prefix),
             model_type=cfg.type,
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
             input_sentence_size=cfg.input_sentence_size,
+            max_sentence_length=MAX_SENTENCE_BYTES,
             shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1,
             pad_id=PAD_ID,
@@ -160,6 +199,8 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
         os.replace(f"{tmp_prefix}.vocab", f"{final_prefix}.vocab")
         os.replace(f"{tmp_prefix}.model", model_path)
     except RuntimeError as e:
+        if watched.all_too_long:  # SentencePiece says only "!sentences_.empty()"
+            raise NoLineFits(side) from None
         raise _vocab_error(str(e), cfg.vocab_size) from None
     finally:
         for leftover in (Path(f"{tmp_prefix}.model"), Path(f"{tmp_prefix}.vocab")):
@@ -180,10 +221,10 @@ def train_or_load_tokenizers(
     """
     if src_path == trg_path:
         if not src_path.exists():
-            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path)
+            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path, None)
         joint = Tokenizer.load(src_path)
         return joint, joint
-    for path, lines in ((src_path, src_lines), (trg_path, trg_lines)):
+    for side, (path, lines) in enumerate(((src_path, src_lines), (trg_path, trg_lines))):
         if not path.exists():
-            _train_model(cfg, lines, path)
+            _train_model(cfg, lines, path, side)
     return Tokenizer.load(src_path), Tokenizer.load(trg_path)

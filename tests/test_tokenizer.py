@@ -6,10 +6,13 @@ import random
 from pathlib import Path
 
 import pytest
+import yaml
+from conftest import tiny_config
 
+from nmt.cli import main
 from nmt.config import TokenizerConfig
 from nmt.errors import NMTError
-from nmt.tokenizer import Tokenizer, load_tokenizers, train_or_load_tokenizers
+from nmt.tokenizer import MAX_SENTENCE_BYTES, Tokenizer, load_tokenizers, train_or_load_tokenizers
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vi", "do", "pe", "zu", "ho"]
 
@@ -96,6 +99,53 @@ def test_vocab_too_large_names_config_key(tmp_path):
 def test_vocab_too_small_names_config_key(tmp_path):
     with pytest.raises(NMTError, match=r"tokenizer\.vocab_size"):
         train_or_load_tokenizers(_cfg(vocab_size=16), SRC, TRG, *_joint(tmp_path))
+
+
+def _over_the_limit(line: str) -> str:
+    """``line`` repeated until SentencePiece skips it as too long (it trains on none of it)."""
+    return " ".join([line] * (MAX_SENTENCE_BYTES // len(line) + 1))
+
+
+def test_a_side_whose_lines_are_all_over_the_limit_is_named(tmp_path):
+    some_too_long = SRC + [_over_the_limit(s) for s in SRC[:5]]  # skipped for the vocabulary only
+    all_too_long = [_over_the_limit(t) for t in TRG[:20]]
+    paths = tmp_path / "spm.de.model", tmp_path / "spm.en.model"
+    with pytest.raises(NMTError) as err:
+        train_or_load_tokenizers(_cfg(joint=False, vocab_size=60), some_too_long, all_too_long, *paths)
+    assert err.value.side == 1 and "\n" not in str(err.value)
+    assert str(err.value).startswith(f"every line is longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes")
+    assert paths[0].exists() and not paths[1].exists()
+
+
+def _prepare_error(tmp_path: Path, capsys, src: bytes, trg: bytes) -> str:
+    """The one line `nmt prepare` writes for a training corpus of ``src`` and ``trg`` bytes."""
+    config = tiny_config(tmp_path)
+    (tmp_path / "long.de").write_bytes(src)
+    (tmp_path / "long.en").write_bytes(trg)
+    values = yaml.safe_load(config.read_text())
+    values["data"]["train"] = str(tmp_path / "long")
+    config.write_text(yaml.safe_dump(values))
+    assert main(["prepare", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "sentences_" not in err
+    return err.splitlines()[-1]
+
+
+def test_prepare_names_the_files_whose_lines_are_all_over_the_limit(tmp_path, capsys):
+    lines = "".join(_over_the_limit(s) + "\n" for s in SRC[:20]).encode()
+    error = _prepare_error(tmp_path, capsys, lines, lines.upper())
+    assert error == (
+        f"nmt prepare: error: {tmp_path}/long.de, {tmp_path}/long.en: every line is longer than SentencePiece's "
+        f"limit of {MAX_SENTENCE_BYTES} bytes, so there is nothing to train the vocabulary on"
+    )
+
+
+def test_prepare_says_a_file_seems_to_use_cr_line_endings(tmp_path, capsys):
+    cr_only = "".join(s + "\r" for s in SRC).encode()
+    error = _prepare_error(tmp_path, capsys, cr_only, cr_only.upper())
+    assert f"{tmp_path}/long.de, {tmp_path}/long.en: every line is longer than" in error
+    assert f"; {tmp_path}/long.de seems to use CR line endings (old Mac), so it reads as one line" in error
+    assert f"; {tmp_path}/long.en seems to use CR line endings" in error
 
 
 def test_load_missing_or_corrupt_model(tmp_path):
