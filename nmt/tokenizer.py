@@ -154,13 +154,18 @@ class _WatchedLines:
 
     def __init__(self, lines: Iterable[str]):
         self.lines, self.count, self.any_fits, self.all_read = lines, 0, False, False
+        self.interrupt: KeyboardInterrupt | None = None
 
     def __iter__(self) -> Iterator[str]:
-        for line in self.lines:
-            if line:
-                self.count += 1
-                self.any_fits = self.any_fits or _fits(line)
-                yield line
+        try:
+            for line in self.lines:
+                if line:
+                    self.count += 1
+                    self.any_fits = self.any_fits or _fits(line)
+                    yield line
+        except KeyboardInterrupt as e:  # SentencePiece turns it into a RuntimeError: kept to raise again
+            self.interrupt = e
+            raise
         self.all_read = True
 
     @property
@@ -199,6 +204,8 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
         os.replace(f"{tmp_prefix}.vocab", f"{final_prefix}.vocab")
         os.replace(f"{tmp_prefix}.model", model_path)
     except RuntimeError as e:
+        if watched.interrupt is not None:  # Ctrl-C or SIGTERM while SentencePiece read the corpus
+            raise watched.interrupt from None
         if watched.all_too_long:  # SentencePiece says only "!sentences_.empty()"
             raise NoLineFits(side) from None
         raise _vocab_error(str(e), cfg.vocab_size) from None

@@ -12,6 +12,7 @@ from conftest import tiny_config
 from nmt.cli import main
 from nmt.config import TokenizerConfig
 from nmt.errors import NMTError
+from nmt.signals import Terminated
 from nmt.tokenizer import MAX_SENTENCE_BYTES, Tokenizer, load_tokenizers, train_or_load_tokenizers
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vi", "do", "pe", "zu", "ho"]
@@ -99,6 +100,19 @@ def test_vocab_too_large_names_config_key(tmp_path):
 def test_vocab_too_small_names_config_key(tmp_path):
     with pytest.raises(NMTError, match=r"tokenizer\.vocab_size"):
         train_or_load_tokenizers(_cfg(vocab_size=16), SRC, TRG, *_joint(tmp_path))
+
+
+@pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Terminated])
+def test_an_interrupt_while_sentencepiece_reads_stays_an_interrupt(tmp_path, interrupt):
+    # SentencePiece reports an exception from its sentence iterator as a RuntimeError of its own;
+    # the CLI must still see Ctrl-C or SIGTERM (exit 130/143), not "SentencePiece training failed".
+    def stopped_midway():
+        yield from SRC[:50]
+        raise interrupt()
+
+    with pytest.raises(interrupt):
+        train_or_load_tokenizers(_cfg(), stopped_midway(), TRG, *_joint(tmp_path))
+    assert not list(tmp_path.iterdir())
 
 
 def _over_the_limit(line: str) -> str:
