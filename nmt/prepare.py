@@ -66,11 +66,32 @@ class Prepared:
     dev: EncodedCorpus
 
 
+def _dataset_files(directory: Path) -> list[Path]:
+    """Every file under a local dataset directory, recursively, in a stable order: the Arrow files
+    and json state of a ``save_to_disk`` directory, or the data files (and any README that
+    configures them) of a data-files directory."""
+    found: list[Path] = []
+    seen: set[str] = set()
+    for root, dirs, files in os.walk(directory, followlinks=True):
+        real = os.path.realpath(root)
+        if real in seen:  # a symlink back up the tree
+            dirs.clear()
+            continue
+        seen.add(real)
+        # git's own store is never read as data, and `git status` rewrites its index.
+        dirs[:] = sorted(d for d in dirs if d != ".git")
+        found += [Path(root, f) for f in sorted(files)]
+    return [f for f in found if f.is_file()]
+
+
 def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
-    """The local files a corpus spec reads for ``langs`` (none for a Hugging Face dataset by name)."""
-    if Path(spec.path).is_file():
-        return [Path(spec.path)]
-    return [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
+    """The local files a corpus spec reads for ``langs``. A hub dataset by name has none: its shards are keyed by
+    its name, config, split and columns only, so a new revision on the Hub is not noticed."""
+    path = Path(spec.path)
+    if path.is_file():
+        return [path]
+    found = _dataset_files(path) if path.is_dir() else []
+    return found + [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
 
 
 def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
@@ -120,7 +141,7 @@ def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
     """``error`` naming the training file(s) it is about, and those that seem to use CR line endings."""
     d = cfg.data
     langs = (d.src_lang, d.trg_lang) if error.side is None else ((d.src_lang, d.trg_lang)[error.side],)
-    files = corpus_files(d.train, *langs)
+    files = [] if Path(d.train.path).is_dir() else corpus_files(d.train, *langs)  # a dataset: its key
     where = ", ".join(map(str, files)) or f"config key 'data.train' ({d.train.path})"
     cr = [
         f"; {f} seems to use CR line endings (old Mac), so it reads as one line" for f in files if has_cr_line_ends(f)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import tiny_config, write_corpus
+from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt import binarize as bz
 from nmt.batching import token_batches
@@ -103,6 +103,34 @@ def test_second_preparation_reuses_the_shards(tmp_path):
     # Changing the filter changes the fingerprint: the shards are rebuilt, not reused.
     lines.clear()
     prepare(replace(cfg, data=replace(cfg.data, max_len=20)), RunDir(cfg.run_dir), lines.append)
+    assert not any("reusing" in line for line in lines)
+
+
+@pytest.mark.parametrize("layout", ["data_files", "save_to_disk"])
+def test_a_changed_local_dataset_directory_is_encoded_again(tmp_path, monkeypatch, layout):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    dataset = tmp_path / "ds"
+
+    def write(pairs):
+        if layout == "save_to_disk":
+            columns = {"de": [s for s, _ in pairs], "en": [t for _, t in pairs]}
+            datasets.Dataset.from_dict(columns).save_to_disk(str(dataset))
+        else:  # one level down: the directory's files are found recursively
+            (dataset / "data").mkdir(parents=True, exist_ok=True)
+            rows = "".join(json.dumps({"de": s, "en": t}) + "\n" for s, t in pairs)
+            (dataset / "data" / "train.jsonl").write_text(rows, encoding="utf-8")
+
+    write(PAIRS)
+    cfg = load_config(tiny_config(tmp_path), [f"data.train={dataset}"])
+    run = RunDir(cfg.run_dir)
+    assert len(prepare(cfg, run, lambda m: None).train) == 8
+    lines = []
+    assert len(prepare(cfg, run, lines.append).train) == 8
+    assert any("reusing 8 encoded pairs" in line for line in lines)  # unchanged: reused
+    write(PAIRS[:5])
+    lines.clear()
+    assert len(prepare(cfg, run, lines.append).train) == 5
     assert not any("reusing" in line for line in lines)
 
 
