@@ -220,8 +220,13 @@ def _load_saved(path: Path, spec: CorpusConfig) -> Any:
     return loaded
 
 
-def _text(values: list[Any]) -> list[str]:
-    return ["" if v is None else str(v) for v in values]  # nulls become '' (dropped by cleaning)
+def _text(values: list[Any], where: str) -> list[str]:
+    """The strings of one column; nulls become '' (dropped by cleaning). Anything else is refused:
+    str() of a token list or a number would be trained on as if it were a sentence."""
+    bad = next((v for v in values if v is not None and not isinstance(v, str)), None)
+    if bad is not None:
+        raise NMTError(f"{where} holds {type(bad).__name__}, not text")
+    return ["" if v is None else v for v in values]
 
 
 def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_lang: str) -> Chunk:
@@ -235,13 +240,13 @@ def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_
             if pairs and missing is not None:
                 keys = ", ".join(missing) if isinstance(missing, dict) else type(missing).__name__
                 raise NMTError(f"{spec.path}: column 'translation' has no language '{lang}' (available: {keys})")
-            sides.append(_text([p[lang] for p in pairs]))
+            sides.append(_text([p[lang] for p in pairs], f"{spec.path}: column 'translation' (language '{lang}')"))
         return sides[0], sides[1]
     sides = []
     for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):
         if name not in names:
             raise NMTError(f"{spec.path}: no column '{name}' (corpus {key}; available columns: {', '.join(names)})")
-        sides.append(_text(rows[name]))
+        sides.append(_text(rows[name], f"{spec.path}: column '{name}'"))
     return sides[0], sides[1]
 
 

@@ -279,6 +279,40 @@ def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch):
     assert _one_line(err).startswith(f"{data_dir}: cannot load as a dataset")
 
 
+@pytest.mark.parametrize(
+    "columns, found",
+    [
+        ({"de": [d.split() for d in DE], "en": EN}, "column 'de' holds list, not text"),  # pre-tokenized
+        ({"de": DE, "en": [None, 2, 3]}, "column 'en' holds int, not text"),  # the null before is no excuse
+        (
+            {"translation": [{"de": i, "en": e} for i, e in enumerate(EN)]},
+            "column 'translation' (language 'de') holds int, not text",
+        ),
+    ],
+)
+def test_hf_saved_dataset_column_that_is_not_text_is_refused(tmp_path, columns, found):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict(columns).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en")
+    assert _one_line(err) == f"{tmp_path / 'ds'}: {found}"
+
+
+@pytest.mark.parametrize("value, kind", [(7, "int"), (["Guten", "Morgen"], "list")])
+def test_hf_data_file_column_that_is_not_text_is_refused_at_its_row(tmp_path, monkeypatch, value, kind):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / "jsonl"
+    data_dir.mkdir()
+    rows = [json.dumps({"de": None, "en": EN[0]})] + [json.dumps({"de": value, "en": e}) for e in EN[1:]]
+    (data_dir / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    chunks = iter_parallel(CorpusConfig(path=str(data_dir)), "de", "en", chunk_pairs=1)
+    assert next(chunks) == ([""], [EN[0]])  # a null is still empty text, left to cleaning
+    with pytest.raises(NMTError) as err:
+        next(chunks)
+    assert _one_line(err) == f"{data_dir}: column 'de' holds {kind}, not text"
+
+
 def test_hub_offline_gives_one_line_error(tmp_path, monkeypatch):
     datasets = pytest.importorskip("datasets")
     import huggingface_hub.constants
