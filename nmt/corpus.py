@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import gzip
 import os
+import socket
+import urllib.request
 import zlib
 from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from itertools import islice
 from pathlib import Path
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -189,8 +193,9 @@ def _hub_where(spec: CorpusConfig) -> str:
     return f"hub dataset '{spec.path}'" + (f" (config '{spec.hf_config}')" if spec.hf_config else "")
 
 
-def _hub_error(spec: CorpusConfig, error: BaseException) -> NMTError:
-    """One line for ``load_dataset``'s network and lookup failures (raised at load or mid-stream)."""
+def _hub_error(spec: CorpusConfig, error: BaseException, unreachable: str | None = None) -> NMTError:
+    """One line for ``load_dataset``'s network and lookup failures (raised at load or mid-stream);
+    ``unreachable`` is why the Hub could not be reached, if that was found out beforehand."""
     from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
     where = _hub_where(spec)
@@ -200,8 +205,52 @@ def _hub_error(spec: CorpusConfig, error: BaseException) -> NMTError:
         return NMTError(f"{where}: {_first_line(error)}")
     if isinstance(error, (ConnectionError, TimeoutError, OSError)):
         # datasets/huggingface_hub wrap offline mode, DNS and HTTP failures into these.
-        return NMTError(f"{where}: could not be downloaded; the machine seems offline ({_first_line(error)})")
+        why = unreachable or _first_line(error)
+        return NMTError(f"{where}: could not be downloaded; the machine seems offline ({why})")
     return NMTError(f"{where}: {_first_line(error)}")  # ValueError: unknown config or split
+
+
+def _hub_unreachable() -> str | None:
+    """Why no connection to the Hub can be opened (no DNS, refused, timed out), or None.
+
+    Without this, a Hub that cannot be reached is retried with back-off for about half a minute,
+    with a warning per try, before the same error."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    if getattr(datasets.config, "HF_HUB_OFFLINE", False):
+        return None  # already offline: the libraries do not try the network
+    url = urlsplit(datasets.config.HF_ENDPOINT)
+    proxies = urllib.request.getproxies()
+    if not url.hostname or (
+        (proxies.get(url.scheme) or proxies.get("all")) and not urllib.request.proxy_bypass(url.hostname)
+    ):
+        return None  # behind a proxy only the proxy knows; leave it to the libraries
+    address = (url.hostname, url.port or (443 if url.scheme == "https" else 80))
+    timeout = getattr(huggingface_hub.constants, "HF_HUB_ETAG_TIMEOUT", 10)  # the Hub's own metadata timeout
+    try:
+        socket.create_connection(address, timeout=timeout).close()
+    except OSError as e:
+        return f"{address[0]}:{address[1]}: {e.strerror or str(e) or type(e).__name__}"
+    return None
+
+
+@contextmanager
+def _offline_hub() -> Iterator[None]:
+    """The libraries' offline mode for one call: a cached copy is used, or the error comes at once.
+    Their module-level flags are restored on the way out, so nothing outlives the call."""
+    import datasets.config
+    import huggingface_hub.constants
+
+    flags = [m for m in (datasets.config, huggingface_hub.constants) if hasattr(m, "HF_HUB_OFFLINE")]
+    saved = [m.HF_HUB_OFFLINE for m in flags]
+    for module in flags:
+        module.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        for module, value in zip(flags, saved):
+            module.HF_HUB_OFFLINE = value
 
 
 def _local_error(path: Path, error: BaseException) -> NMTError:
@@ -263,13 +312,16 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
     is_local = local.is_dir()
     if not is_local and _looks_like_path(spec.path):  # not a hub name: do not ask the network for it
         raise NMTError(f"{spec.path}: no such dataset directory")
-    fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e))
+    unreachable = None
+    fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e, unreachable))
     try:
         if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):
             dataset = _load_saved(local, spec)
         else:
-            source = str(local) if is_local else spec.path
-            dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
+            unreachable = None if is_local else _hub_unreachable()
+            with _offline_hub() if unreachable else nullcontext():
+                source = str(local) if is_local else spec.path
+                dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
         for rows in dataset.iter(batch_size=chunk):
             yield _columns(rows, spec, src_lang, trg_lang)
     except NMTError:

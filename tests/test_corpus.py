@@ -5,9 +5,13 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
+from conftest import tiny_config
 
 from nmt.config import CorpusConfig
 from nmt.corpus import (
@@ -329,6 +333,52 @@ def test_hub_offline_gives_one_line_error(tmp_path, monkeypatch):
     message = _one_line(err)
     assert "could not be downloaded" in message and "offline" in message
     assert "made-up-org-xyz/no-such-corpus-42" in message
+
+
+_NO_HUB = "http://127.0.0.1:9"  # the discard port: nothing listens, the connection is refused at once
+_PROXIES = ("http_proxy", "https_proxy", "all_proxy", "HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY")
+
+
+def test_unreachable_hub_fails_at_once_and_leaves_no_offline_mode_behind(tmp_path, monkeypatch, capfd):
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants as hub
+
+    monkeypatch.setattr(datasets.config, "HF_ENDPOINT", _NO_HUB)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(hub, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    monkeypatch.setattr(hub, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    for name in _PROXIES:  # behind a proxy the Hub is not probed
+        monkeypatch.delenv(name, raising=False)
+    start = time.monotonic()
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path="made-up-org-xyz/no-such-corpus-42"), "de", "en")
+    assert time.monotonic() - start < 10  # the Hub's retries with back-off alone sleep 23 s
+    message = _one_line(err)
+    assert message.startswith("hub dataset 'made-up-org-xyz/no-such-corpus-42': could not be downloaded")
+    assert "offline (127.0.0.1:9: " in message
+    assert capfd.readouterr().err == ""  # no retry warnings
+    assert datasets.config.HF_HUB_OFFLINE is False and hub.HF_HUB_OFFLINE is False  # restored
+
+
+def test_nmt_prepare_with_an_unreachable_hub_prints_one_line(tmp_path):
+    config = tiny_config(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k not in _PROXIES and not k.endswith("_OFFLINE")}
+    env.update(HF_ENDPOINT=_NO_HUB, HF_HOME=str(tmp_path / "hf"))
+    args = ["prepare", "--config", str(config), "--set", "data.dev=made-up-org-xyz/no-such-corpus-42"]
+    done = subprocess.run(
+        [sys.executable, "-m", "nmt", *args],
+        cwd=Path(__file__).resolve().parents[1],  # this checkout's nmt
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2
+    assert done.stderr.splitlines() == [
+        "nmt prepare: error: hub dataset 'made-up-org-xyz/no-such-corpus-42': could not be downloaded; "
+        "the machine seems offline (127.0.0.1:9: Connection refused)"
+    ]
 
 
 def test_hf_missing_local_directory_is_not_looked_up_on_the_hub(tmp_path):
