@@ -19,15 +19,19 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import pickle
+import signal
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from itertools import chain
 from pathlib import Path
 
 import numpy as np
 
+from nmt import testhooks
 from nmt.corpus import Chunk, clean_pairs, filter_by_length
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, is_temporary
@@ -74,6 +78,7 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
 
 def encode_shard(spec: ShardSpec, index: int, src_lines: list[str], trg_lines: list[str]) -> dict:
     """Clean, encode, length-filter and write one shard; returns its metadata (also written as JSON, last)."""
+    testhooks.encoding_shard(index)
     src_lines, trg_lines, cleaning = clean_pairs(src_lines, trg_lines)
     src_tok = Tokenizer.load(spec.src_model, threads=spec.threads)
     trg_tok = src_tok if spec.trg_model == spec.src_model else Tokenizer.load(spec.trg_model, threads=spec.threads)
@@ -133,6 +138,51 @@ def _clear(directory: Path, keep_fingerprint: str) -> dict[int, dict]:
     return kept
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _stop_signals_blocked() -> Iterator[None]:
+    """Block SIGINT and SIGTERM while the pool starts. Its workers inherit the mask, so no Ctrl-C
+    reaches one before ``_worker_init``; its threads keep it, so the main thread takes the signal.
+    One that comes meanwhile is delivered, to the main thread, once unblocked."""
+    if not hasattr(signal, "pthread_sigmask"):
+        yield
+        return
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _worker_init() -> None:
+    """The parent alone takes an interruption and ends the pool. A worker dying of a signal sent to
+    the terminal's process group would lose its task (the parent would wait for its result for
+    ever) or die holding the pool's queue lock (``terminate`` would wait for that lock for ever)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    os.setpgid(0, 0)  # out of the group: a group's SIGTERM misses it, the parent's terminate() does not
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+
+
+def _result(result: multiprocessing.pool.AsyncResult) -> dict:
+    """Wait in short steps: a signal taken by one of the pool's threads only sets a flag that the
+    main thread looks at when it runs, and an endless wait would never look."""
+    while True:
+        try:
+            return result.get(timeout=0.2)
+        except multiprocessing.TimeoutError:
+            pass
+
+
+def _shut_down(pool: multiprocessing.pool.Pool) -> None:
+    try:
+        pool.terminate()
+    except (EOFError, OSError, pickle.UnpicklingError):  # a worker died while sending; the rest still end
+        pass
+    pool.join()
+
+
 def _summary(metas: list[dict]) -> dict:
     keys = ("read", "empty", "too_long", "bad_ratio", "kept", "src_tokens", "trg_tokens")
     return {key: sum(m.get(key, 0) for m in metas) for key in keys}
@@ -164,8 +214,11 @@ def binarize(
     head = [c for c in (next(stream, None), next(stream, None)) if c is not None]
     parallel = workers > 1 and len(head) > 1  # one chunk: no pool to start, encode here on every core
     local_spec = replace(spec, threads=os.cpu_count() or 1)
-    pool = multiprocessing.get_context("spawn").Pool(workers) if parallel else None
+    pool = None
     try:
+        if parallel:
+            with _stop_signals_blocked():
+                pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
         for index, (src, trg) in enumerate(chain(head, stream)):
             if index in finished:
                 metas[index] = finished[index]
@@ -175,14 +228,13 @@ def binarize(
                 pending.append((index, pool.apply_async(encode, (spec, index, src, trg))))
                 while len(pending) >= 2 * workers:
                     i, result = pending.popleft()
-                    metas[i] = result.get()
+                    metas[i] = _result(result)
         while pending:
             i, result = pending.popleft()
-            metas[i] = result.get()
+            metas[i] = _result(result)
     finally:
         if pool is not None:
-            pool.terminate()
-            pool.join()
+            _shut_down(pool)
     ordered = [metas[i] for i in sorted(metas)]
     index = {
         "format": "nmt-shards-1",

@@ -5,6 +5,8 @@
   fault-injection tests). In-process tests set ``before_rename`` to a callable instead.
 - ``NMT_TEST_PARAM_DIGESTS=DIR``: each rank appends a SHA-256 of its weights to ``DIR/rankR.txt``
   after every update (the data-parallel equivalence test).
+- ``NMT_TEST_HOLD_SHARD=N:FILE``: the encoding of training shard N creates FILE, then never ends
+  (the tests that interrupt a data preparation while its workers encode).
 """
 
 from __future__ import annotations
@@ -13,11 +15,13 @@ import hashlib
 import os
 import re
 import signal
+import time
 from collections.abc import Callable
 from pathlib import Path
 
 KILL_BEFORE_RENAME = "NMT_TEST_KILL_BEFORE_RENAME"
 PARAM_DIGESTS = "NMT_TEST_PARAM_DIGESTS"
+HOLD_SHARD = "NMT_TEST_HOLD_SHARD"
 
 before_rename: Callable[[Path], None] | None = None  # set by in-process tests
 _state_writes = 0  # training-state checkpoints written by this process, for KILL_BEFORE_RENAME
@@ -45,3 +49,12 @@ def trace_parameters(model, rank: int, update: int) -> None:
         digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
     with open(Path(directory) / f"rank{rank}.txt", "a", encoding="utf-8") as f:
         f.write(f"{update} {digest.hexdigest()}\n")
+
+
+def encoding_shard(index: int) -> None:
+    """Called as the encoding of training shard ``index`` starts (in a worker process, or not)."""
+    held, _, marker = os.environ.get(HOLD_SHARD, "").partition(":")
+    if held and int(held) == index:
+        Path(marker).touch()
+        while True:
+            time.sleep(1)

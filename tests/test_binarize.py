@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
+import threading
+import time
 from dataclasses import replace
+from multiprocessing.pool import ThreadPool
 from pathlib import Path
 
 import numpy as np
@@ -12,6 +19,7 @@ import pytest
 from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt import binarize as bz
+from nmt import testhooks
 from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
@@ -271,3 +279,72 @@ def test_a_shard_damaged_in_place_is_a_one_line_error_not_an_index_error(tmp_pat
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert "a training shard holds token id" in err and "the shard is damaged" in err and "IndexError" not in err
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_to_the_process_group_while_workers_encode_stops_cleanly(tmp_path, capsys, signum, code):
+    """Ctrl-C reaches every process of the terminal's group, and so may SIGTERM: the command says it
+    was interrupted, with no worker's traceback and no wait for a result that never comes; the next
+    run keeps the finished shards."""
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path)
+    write_corpus(tmp_path / "data", "train", _random_pairs(600))
+    argv = ["prepare", "--config", str(config)]
+    for option in ("data.workers=2", "data.shard_pairs=100", "data.max_len=40"):
+        argv += ["--set", option]
+    held = tmp_path / "held"
+    env = {**os.environ, testhooks.HOLD_SHARD: f"0:{held}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "nmt", *argv],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
+    directory = tmp_path / "run" / "data" / "train"
+    done = [directory / f"{bz._shard_name(i)}.json" for i in (1, 2, 3)]
+    deadline = time.monotonic() + 120
+    # One worker holds shard 0; the other, done with shards 1-3, waits for a task.
+    while not (held.exists() and all(p.exists() for p in done)):
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline, "the workers never reached shard 3"
+        time.sleep(0.05)
+    os.killpg(proc.pid, signum)
+    try:
+        _, err = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise AssertionError("still running 60 s after the signal") from None
+    assert proc.returncode == code, err
+    assert "nmt prepare: interrupted" in err and "Traceback" not in err, err
+    assert main(argv) == 0
+    assert "3 complete shards kept" in capsys.readouterr().err
+    assert len(bz.ShardedCorpus(directory)) > 0
+
+
+def test_waiting_for_a_shard_lets_a_signal_another_thread_took_interrupt_it():
+    """A signal to the process may land on any thread not blocking it; Python then only sets a flag
+    that the main thread reads when it runs, which a wait without end never does."""
+    release = threading.Event()
+
+    def signal_then_release():
+        time.sleep(0.5)  # the main thread is waiting by then
+        os.kill(os.getpid(), signal.SIGINT)
+        release.wait(10)  # a wait that missed the signal ends here, too late
+        release.set()
+
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})  # the kernel picks another thread
+    try:
+        with ThreadPool(1) as pool:
+            result = pool.apply_async(release.wait)
+            threading.Thread(target=signal_then_release, daemon=True).start()
+            start = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                bz._result(result)
+            release.set()
+            assert time.monotonic() - start < 5
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
