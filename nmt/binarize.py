@@ -183,6 +183,13 @@ def _shut_down(pool: multiprocessing.pool.Pool) -> None:
     pool.join()
 
 
+def _write_error(error: OSError, directory: Path) -> NMTError:
+    """One line naming the file that could not be written, or its directory for a hidden temporary."""
+    path = Path(error.filename) if error.filename else directory
+    where = directory if is_temporary(path) else path
+    return NMTError(f"{where}: cannot write the encoded training data ({error.strerror or error})")
+
+
 def _summary(metas: list[dict]) -> dict:
     keys = ("read", "empty", "too_long", "bad_ratio", "kept", "src_tokens", "trg_tokens")
     return {key: sum(m.get(key, 0) for m in metas) for key in keys}
@@ -203,9 +210,12 @@ def binarize(
     encode = encode or encode_shard
     start = time.perf_counter()
     directory = Path(spec.directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
-    finished = _clear(directory, spec.fingerprint)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
+        finished = _clear(directory, spec.fingerprint)
+    except OSError as e:
+        raise _write_error(e, directory) from None
     if finished:
         log(f"train: resuming an interrupted preparation; {len(finished)} complete shards kept")
     metas: dict[int, dict] = {}
@@ -219,19 +229,22 @@ def binarize(
         if parallel:
             with _stop_signals_blocked():
                 pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
-        for index, (src, trg) in enumerate(chain(head, stream)):
-            if index in finished:
-                metas[index] = finished[index]
-            elif pool is None:
-                metas[index] = encode(local_spec, index, src, trg)
-            else:
-                pending.append((index, pool.apply_async(encode, (spec, index, src, trg))))
-                while len(pending) >= 2 * workers:
-                    i, result = pending.popleft()
-                    metas[i] = _result(result)
-        while pending:
-            i, result = pending.popleft()
-            metas[i] = _result(result)
+        try:
+            for index, (src, trg) in enumerate(chain(head, stream)):
+                if index in finished:
+                    metas[index] = finished[index]
+                elif pool is None:
+                    metas[index] = encode(local_spec, index, src, trg)
+                else:
+                    pending.append((index, pool.apply_async(encode, (spec, index, src, trg))))
+                    while len(pending) >= 2 * workers:
+                        i, result = pending.popleft()
+                        metas[i] = _result(result)
+            while pending:
+                i, result = pending.popleft()
+                metas[i] = _result(result)
+        except OSError as e:  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
+            raise _write_error(e, directory) from None
     finally:
         if pool is not None:
             _shut_down(pool)
@@ -245,7 +258,10 @@ def binarize(
         "shards": [_shard_name(i) for i in sorted(metas) if metas[i]["kept"] > 0],
         **_summary(ordered),
     }
-    atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())
+    try:
+        atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())
+    except OSError as e:
+        raise _write_error(e, directory) from None
     return index
 
 

@@ -55,7 +55,13 @@ class RunLock:
         except ImportError:  # not POSIX
             warn(f"{run_dir}: cannot lock the run directory on this system; do not train it twice at once")
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as e:
+            raise NMTError(
+                f"{self.path}: cannot open the run's lock file ({e.strerror}); "
+                "this command writes into the run directory and needs write access to it"
+            ) from None
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:

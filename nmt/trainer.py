@@ -126,7 +126,10 @@ class Trainer:
         distributed.init(world, self.device)
         if world.is_main:
             self.cfg = cfg = self.run.open_for_training(cfg, config_file, self.log)
-            self._log_file = open(self.run.log_path, "a", encoding="utf-8")
+            try:
+                self._log_file = open(self.run.log_path, "a", encoding="utf-8")
+            except OSError as e:
+                raise NMTError(f"{self.run.log_path}: cannot open the training log ({e.strerror})") from None
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.

@@ -175,6 +175,44 @@ def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_pat
     assert (run / "test.hyp").read_text().splitlines() == [t for _, t in PAIRS]
 
 
+def _permissions_bind() -> list[str]:
+    """The prefix under which ``chmod`` binds the ``nmt`` command: none for a user; root needs
+    setpriv to drop CAP_DAC_OVERRIDE (the test is skipped where it cannot)."""
+    if os.geteuid() != 0:
+        return []
+    caps = "-dac_override,-dac_read_search"
+    prefix = ["setpriv", "--bounding-set", caps, "--inh-caps", caps]
+    if shutil.which("setpriv") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode != 0:
+        pytest.skip("root writes files whatever their permissions, and setpriv cannot drop that here")
+    return prefix
+
+
+@pytest.mark.parametrize(
+    "victim, mode, argv, said",
+    [
+        ("train.lock", 0o444, ["average", "--model", "{run}", "--last", "2"], "cannot open the run's lock file"),
+        ("train.lock", 0o444, ["tune-decode", "--model", "{run}", "--beam-sizes", "1"], "cannot open the run's lock"),
+        ("train.lock", 0o444, ["train", "--config", "{run}/config.yaml"], "cannot open the run's lock file"),
+        ("train.log", 0o444, ["train", "--config", "{run}/config.yaml"], "cannot open the training log"),
+        ("data/train", 0o555, ["train", "--config", "{run}/config.yaml"], "cannot write the encoded training data"),
+    ],
+)
+def test_an_unwritable_file_of_the_run_is_a_one_line_error_naming_it(trained, tmp_path, victim, mode, argv, said):
+    prefix = _permissions_bind()
+    run = copy_run(trained, tmp_path)
+    (run / "data" / "train" / "index.json").unlink()  # as if interrupted: the shards are written again
+    (run / victim).chmod(mode)
+    try:
+        args = [sys.executable, "-m", "nmt", *(a.format(run=run) for a in argv)]
+        done = subprocess.run([*prefix, *args], capture_output=True, text=True, timeout=300)
+    finally:
+        (run / victim).chmod(0o755)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    error = done.stderr.splitlines()[-1]
+    assert "error:" in error and said in error and f"{run / victim}:" in error, done.stderr
+
+
 def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path):
     src = trained / "data" / "train.de"
     done = nmt("translate", "--model", trained / "run", "-i", src, "-o", tmp_path / "missing" / "out.en")
