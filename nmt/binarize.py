@@ -161,8 +161,10 @@ def _worker_init() -> None:
     the terminal's process group would lose its task (the parent would wait for its result for
     ever) or die holding the pool's queue lock (``terminate`` would wait for that lock for ever)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    os.setpgid(0, 0)  # out of the group: a group's SIGTERM misses it, the parent's terminate() does not
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
+    if hasattr(os, "setpgid"):  # POSIX: out of the group, a group's SIGTERM misses it, terminate() does not
+        os.setpgid(0, 0)
+    if hasattr(signal, "pthread_sigmask"):
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def _result(result: multiprocessing.pool.AsyncResult) -> dict:
