@@ -117,6 +117,15 @@ _POSITIVE = (lambda v: v > 0, "must be > 0")
 _NON_NEGATIVE = (lambda v: v >= 0, "must be >= 0")
 _PROBABILITY = (lambda v: 0.0 <= v < 1.0, "must be in [0, 1)")
 _TORCH_SEED = (lambda v: -(2**63) <= v <= 2**64 - 1, "must be in [-2**63, 2**64 - 1] (what torch.manual_seed accepts)")
+# Model widths multiply in torch's int64 tensor sizes (d_model x ff_size, 4 gates x rnn_hidden**2, bytes):
+# two int32 widths overflow them. 2**24 keeps every product far inside; real models are far narrower.
+MAX_WIDTH = 1 << 24
+_WIDTH = (lambda v: 0 < v <= MAX_WIDTH, f"must be in [1, {MAX_WIDTH}]")
+# SentencePiece: 0 reads every sentence; a sample needs more than 100; the field is a uint64.
+_SENTENCE_SAMPLE = (
+    lambda v: v == 0 or 100 < v <= 2**64 - 1,
+    "must be 0 (every sentence) or in [101, 2**64 - 1] (SentencePiece samples more than 100)",
+)
 _RANGES: dict[str, tuple[Any, str]] = {
     "seed": _TORCH_SEED,
     "data.max_len": _POSITIVE,
@@ -129,19 +138,20 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "data.train.max_pairs": _POSITIVE,
     "data.dev.max_pairs": _POSITIVE,
     "data.test.max_pairs": _POSITIVE,
-    "tokenizer.vocab_size": (lambda v: v >= 16, "must be >= 16"),
+    # SentencePiece's unigram trainer spins without end near 2**31 (1 s at 2**30); real vocabularies are < 2**20
+    "tokenizer.vocab_size": (lambda v: 16 <= v <= MAX_WIDTH, f"must be in [16, {MAX_WIDTH}]"),
     "tokenizer.character_coverage": (lambda v: 0.9 <= v <= 1.0, "must be in [0.9, 1]"),
-    "tokenizer.input_sentence_size": _POSITIVE,
-    "model.d_model": _POSITIVE,
-    "model.ff_size": _POSITIVE,
+    "tokenizer.input_sentence_size": _SENTENCE_SAMPLE,
+    "model.d_model": _WIDTH,
+    "model.ff_size": _WIDTH,
     "model.encoder_layers": _POSITIVE,
     "model.decoder_layers": _POSITIVE,
     "model.heads": _POSITIVE,
     "model.dropout": _PROBABILITY,
     "model.attention_dropout": _PROBABILITY,
     "model.activation_dropout": _PROBABILITY,
-    "model.max_positions": _POSITIVE,
-    "model.rnn_hidden": _POSITIVE,
+    "model.max_positions": _WIDTH,
+    "model.rnn_hidden": _WIDTH,
     "train.max_tokens": _POSITIVE,
     "train.accumulate": _POSITIVE,
     "train.lr_peak": _POSITIVE,
@@ -173,6 +183,20 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "decode.batch_tokens": _POSITIVE,
     "decode.nbest": _POSITIVE,
 }
+
+# Integer keys exempt from the 32-bit bound: seeds (torch's range, or Python's random: any), corpus
+# sizes (Python slices; a corpus may hold over 2**31 pairs), and keys whose range check bounds them.
+_WIDE_INTS = frozenset(
+    {
+        "seed",
+        "data.synthetic_seed",
+        "data.train.max_pairs",
+        "data.dev.max_pairs",
+        "data.test.max_pairs",
+        "tokenizer.input_sentence_size",
+        "decode.max_len_b",
+    }
+)
 
 
 def _model_section(schema: Schema, values: Any, key: str) -> ModelConfig:
@@ -218,7 +242,7 @@ def _corpus(schema: Schema, value: Any, key: str) -> CorpusConfig:
     return schema.build(CorpusConfig, value, key)
 
 
-_SCHEMA = Schema(_RANGES, {ModelConfig: _model_section, CorpusConfig: _corpus})
+_SCHEMA = Schema(_RANGES, {ModelConfig: _model_section, CorpusConfig: _corpus}, _WIDE_INTS)
 
 
 def _check_consistency(cfg: Config) -> None:

@@ -18,13 +18,23 @@ from nmt.errors import NMTError
 
 Check = tuple[Callable[[Any], bool], str]  # predicate, and what it requires ("must be > 0")
 
+# Integers end up in C ints (SentencePiece's int32 fields, torch's thread count and sizes), where a
+# larger one is an overflow traceback. No count or size of a real run comes near 2**31.
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
 
 class Schema:
     """``ranges``: dotted key -> Check. ``special``: annotation -> converter(schema, value, key) for
-    the annotations that need more than their type (a shorthand, a union chosen by a field)."""
+    the annotations that need more than their type (a shorthand, a union chosen by a field).
+    ``wide_ints``: the integer keys exempt from the 32-bit bound (their Check bounds them, if anything)."""
 
-    def __init__(self, ranges: dict[str, Check], special: dict[Any, Callable[[Schema, Any, str], Any]]):
-        self.ranges, self.special = ranges, special
+    def __init__(
+        self,
+        ranges: dict[str, Check],
+        special: dict[Any, Callable[[Schema, Any, str], Any]],
+        wide_ints: frozenset[str] = frozenset(),
+    ):
+        self.ranges, self.special, self.wide_ints = ranges, special, wide_ints
 
     def build(self, cls: type, values: dict, prefix: str) -> Any:
         """``cls(**values)`` with every value checked and converted; ``prefix`` names the section."""
@@ -41,6 +51,8 @@ class Schema:
             check = self.ranges.get(key)
             if check is not None and converted is not None and not check[0](converted):
                 raise NMTError(f"config key '{key}': {value!r} {check[1]}")
+            if key not in self.wide_ints:
+                _check_int32(converted, key)
             kwargs[raw_key] = converted
         return cls(**kwargs)
 
@@ -99,6 +111,15 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
             raise NMTError(f"config key '{key}': expected a string, got {value!r}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def _check_int32(value: Any, key: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        return
+    if value > INT32_MAX:
+        raise NMTError(f"config key '{key}': {value!r} must be at most {INT32_MAX}")
+    if value < INT32_MIN:
+        raise NMTError(f"config key '{key}': {value!r} must be at least {INT32_MIN}")
 
 
 def _finite(value: int | float, key: str) -> float:

@@ -30,7 +30,7 @@ class TokenizerConfig:
     vocab_size: int = 8000
     joint: bool = True  # one model for both languages (needed to tie src/trg embeddings)
     character_coverage: float = 1.0
-    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece
+    input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece; 0: every sentence
 
 
 class Tokenizer:

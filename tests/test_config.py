@@ -85,7 +85,7 @@ def test_unknown_section(tmp_path):
         ("model", "type", "lstm", "model.type': 'lstm' is not one of"),
         ("train", "betas", [0.9], "train.betas': expected a list of 2"),
         ("model", "tie_output", "yes", "model.tie_output': expected true or false"),
-        ("tokenizer", "vocab_size", 3, "tokenizer.vocab_size': 3 must be >= 16"),
+        ("tokenizer", "vocab_size", 3, "tokenizer.vocab_size': 3 must be in .16, 16777216."),
         ("data", "max_len_ratio", 0.5, "data.max_len_ratio': 0.5 must be >= 1"),  # the longer/shorter ratio is >= 1
     ],
 )
@@ -300,3 +300,83 @@ def test_errors_name_the_set_override_that_gave_the_bad_value(tmp_path):
     bad_file = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: abc}\n")
     with pytest.raises(NMTError, match=r"^\S*c.yaml: config key 'train.max_updates': expected an integer"):
         load_config(bad_file, ["train.lr_peak=0.1", "train.max_minutes=5"])
+
+
+# Beyond 32 bits an integer key overflows a C int (SentencePiece, torch's thread count) or a torch size.
+HUGE = 10**20
+
+
+@pytest.mark.parametrize(
+    "key,value,message",
+    [
+        ("tokenizer.vocab_size", 3_000_000_000, "3000000000 must be in \\[16, 16777216\\]"),
+        ("data.shard_pairs", HUGE, f"{HUGE} must be at most 2147483647"),
+        ("train.threads", HUGE, f"{HUGE} must be at most 2147483647"),
+        ("train.max_updates", 2**31, "2147483648 must be at most 2147483647"),
+        ("decode.batch_tokens", HUGE, f"{HUGE} must be at most 2147483647"),
+        ("model.d_model", HUGE, f"{HUGE} must be in \\[1, 16777216\\]"),
+        ("model.ff_size", 2**24 + 1, "16777217 must be in \\[1, 16777216\\]"),
+        ("model.max_positions", HUGE, f"{HUGE} must be in \\[1, 16777216\\]"),
+        ("tokenizer.input_sentence_size", HUGE, f"{HUGE} must be 0 \\(every sentence\\) or in \\[101, "),
+    ],
+)
+def test_integer_keys_too_large_for_what_reads_them_are_errors(tmp_path, key, value, message):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1}\n")
+    with pytest.raises(NMTError, match=f"^--set {key}={value}: config key '{key}': {message}"):
+        load_config(path, [f"{key}={value}"])
+
+
+def test_rnn_hidden_is_bounded_as_a_width():
+    with pytest.raises(NMTError, match=f"config key 'model.rnn_hidden': {HUGE} must be in"):
+        config_from_dict({**MINIMAL, "model": {"type": "rnn", "rnn_hidden": HUGE}})
+
+
+def test_integer_bounds_leave_room_for_every_real_value():
+    import torch
+
+    from nmt.config import MAX_WIDTH
+
+    int32_max = 2**31 - 1
+    values = copy.deepcopy(MINIMAL)
+    apply_overrides(values, [f"data.shard_pairs={int32_max}", f"train.validate_every={int32_max}"])
+    assert config_from_dict(values).data.shard_pairs == int32_max
+    # Seeds and corpus sizes are not C ints: they keep their own ranges.
+    apply_overrides(values, [f"seed={2**64 - 1}", f"data.synthetic_seed={HUGE}", f"data.train.max_pairs={HUGE}"])
+    cfg = config_from_dict(values)
+    assert cfg.seed == 2**64 - 1 and cfg.data.synthetic_seed == cfg.data.train.max_pairs == HUGE
+    # The widest LSTM layer (4 gates) still has a size torch can compute; two int32 widths do not.
+    torch.empty(4 * MAX_WIDTH, MAX_WIDTH, device="meta")
+    with pytest.raises(RuntimeError, match="overflow"):
+        torch.empty(4 * int32_max, int32_max, device="meta")
+    cfg = config_from_dict({**MINIMAL, "model": {"d_model": MAX_WIDTH, "ff_size": MAX_WIDTH, "heads": 1}})
+    assert cfg.model.d_model == cfg.model.ff_size == MAX_WIDTH
+
+
+def test_tokenizer_bounds_are_what_sentencepiece_accepts(tmp_path):
+    import sentencepiece as spm
+
+    from nmt.config import MAX_WIDTH
+
+    def train(**options):
+        lines = [f"sentence number {i} of a few" for i in range(200)]
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=iter(lines), model_prefix=str(tmp_path / "m"), minloglevel=2, num_threads=1, **options
+        )
+
+    with pytest.raises(RuntimeError, match="Vocabulary size too high"):  # parsed, and refused at once
+        train(vocab_size=MAX_WIDTH)
+    with pytest.raises(ValueError, match="cannot parse"):  # an int32 field
+        train(vocab_size=2**31)
+    assert config_from_dict({**MINIMAL, "tokenizer": {"vocab_size": MAX_WIDTH}}).tokenizer.vocab_size == MAX_WIDTH
+    with pytest.raises(RuntimeError, match="input_sentence_size"):
+        train(vocab_size=30, input_sentence_size=100)
+    for size in (0, 101, 2**64 - 1):
+        train(vocab_size=30, input_sentence_size=size)
+        values = copy.deepcopy(MINIMAL)
+        apply_overrides(values, [f"tokenizer.input_sentence_size={size}"])
+        assert config_from_dict(values).tokenizer.input_sentence_size == size
+    for size in (1, 100, 2**64):
+        values = copy.deepcopy(MINIMAL)
+        apply_overrides(values, [f"tokenizer.input_sentence_size={size}"])
+        with pytest.raises(NMTError, match=f"'tokenizer.input_sentence_size': {size} must be 0 \\(every sentence\\)"):
+            config_from_dict(values)
