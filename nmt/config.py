@@ -301,17 +301,20 @@ def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) 
     cwd = Path.cwd()
 
     def base_for(key: str) -> Path:
-        return cwd if any(k == key or k.startswith(key + ".") for k in command_line) else base
+        # Given itself or within a section given whole; a --set of a sibling (data.train.max_pairs)
+        # leaves the path the file's.
+        return cwd if any(key == k or key.startswith(k + ".") for k in command_line) else base
 
     d = cfg.data
-    data = dataclasses.replace(
-        d,
-        **{
-            split: anchor_corpus(spec, base_for(f"data.{split}"), d.src_lang, d.trg_lang)
-            for split in ("train", "dev", "test")
-            if (spec := getattr(d, split)) is not None
-        },
-    )
+    anchored = {}
+    for split in ("train", "dev", "test"):
+        if (spec := getattr(d, split)) is None:
+            continue
+        try:
+            anchored[split] = anchor_corpus(spec, base_for(f"data.{split}.path"), d.src_lang, d.trg_lang)
+        except NMTError as e:  # the key says whether the path came from the file or a --set
+            raise NMTError(f"config key 'data.{split}': {e}") from None
+    data = dataclasses.replace(d, **anchored)
     run_dir = Path(cfg.run_dir).expanduser()
     if not run_dir.is_absolute():
         run_dir = base_for("run_dir") / run_dir
@@ -341,18 +344,31 @@ def _yaml_number(value: Any) -> Any:
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``train.lr_peak=5e-4`` -> (["train", "lr_peak"], 0.0005). Values are parsed as YAML."""
-    if "=" not in text:
+    key, equals, raw = text.partition("=")
+    path = [part.strip() for part in key.split(".")]
+    if not equals or not all(path):  # '=5' or '.max_updates=5' would name the key ''
         raise NMTError(f"--set {text!r}: expected section.key=value")
-    key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return key.strip().split("."), _fix_yaml_floats(value)
+    return path, _fix_yaml_floats(value)
+
+
+def _is_corpus(path: list[str]) -> bool:
+    return len(path) == 2 and path[0] == "data" and path[1] in ("train", "dev", "test")
+
+
+def _set_key(path: list[str], value: Any) -> str:
+    """The dotted key a --set gives a value: a corpus's string is its path only (see apply_overrides)."""
+    return ".".join(path) + (".path" if _is_corpus(path) and isinstance(value, str) else "")
 
 
 def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
-    """Apply ``--set`` overrides to ``values`` in place; returns the dotted keys they set."""
+    """Apply ``--set`` overrides to ``values`` in place; returns the dotted keys they set.
+
+    A string for a corpus already given as a mapping replaces its ``path`` only: the mapping's other
+    keys (``max_pairs``, ``format``) stay, whether they came from the file or an earlier --set."""
     keys = set()
     for text in overrides:
         path, value = parse_override(text)
@@ -365,8 +381,12 @@ def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
                 child = {}
             node[part] = child
             node = child
-        node[path[-1]] = value
-        keys.add(".".join(path))
+        current = node.get(path[-1])
+        if _is_corpus(path) and isinstance(value, str) and isinstance(current, dict):
+            node[path[-1]] = {**current, "path": value}
+        else:
+            node[path[-1]] = value
+        keys.add(_set_key(path, value))
     return keys
 
 
@@ -474,7 +494,7 @@ def _error_source(message: str, path: Path, overrides: list[str]) -> str:
     if match is not None:
         key = match.group(1)
         for text in reversed(overrides):
-            given = ".".join(parse_override(text)[0])
+            given = _set_key(*parse_override(text))
             if key == given or key.startswith(given + ".") or given.startswith(key + "."):
                 return f"--set {text}"
     return str(path)

@@ -1,6 +1,7 @@
 """The config is checked once: wrong keys, types and ranges give one-line errors naming the key."""
 
 import copy
+import re
 from pathlib import Path
 
 import pytest
@@ -380,3 +381,43 @@ def test_tokenizer_bounds_are_what_sentencepiece_accepts(tmp_path):
         apply_overrides(values, [f"tokenizer.input_sentence_size={size}"])
         with pytest.raises(NMTError, match=f"'tokenizer.input_sentence_size': {size} must be 0 \\(every sentence\\)"):
             config_from_dict(values)
+
+
+@pytest.mark.parametrize("text", ["=5", ".max_updates=5", "train.=5", "train..max_updates=5", " . =5"])
+def test_a_set_with_an_empty_key_part_is_an_error(text):
+    with pytest.raises(NMTError, match=f"^--set {re.escape(repr(text))}: expected section.key=value$"):
+        apply_overrides(copy.deepcopy(MINIMAL), [text])
+
+
+def test_a_corpus_string_replaces_only_the_path_whatever_the_order(tmp_path, monkeypatch):
+    one = copy.deepcopy(MINIMAL)
+    apply_overrides(one, ["data.train.max_pairs=50", "data.train=other"])
+    two = copy.deepcopy(MINIMAL)
+    apply_overrides(two, ["data.train=other", "data.train.max_pairs=50"])
+    assert config_from_dict(one).data.train == config_from_dict(two).data.train
+    assert config_from_dict(one).data.train.max_pairs == 50
+    (tmp_path / "exp").mkdir()
+    for name in ("other.de", "exp/a.de"):
+        (tmp_path / name).write_text("x\n")
+    monkeypatch.chdir(tmp_path)
+    path = tmp_path / "exp" / "c.yaml"
+    path.write_text("data: {train: {path: a, max_pairs: 50}, dev: b}\ntrain: {max_minutes: 5}\n")
+    cfg = load_config(path, ["data.train=other"])
+    assert cfg.data.train.path == str(tmp_path / "other") and cfg.data.train.max_pairs == 50
+    # A --set of another key of the corpus leaves the file's path relative to the file.
+    assert load_config(path, ["data.train.max_pairs=5"]).data.train.path == str(tmp_path / "exp" / "a")
+    assert load_config(path, ["data.train={path: other}"]).data.train.path == str(tmp_path / "other")
+    # And an error in the file's part of the corpus names the file, not the --set of the path.
+    path.write_text("data: {train: {path: a, max_pairs: -1}, dev: b}\ntrain: {max_minutes: 5}\n")
+    with pytest.raises(NMTError, match=r"^\S*c.yaml: config key 'data.train.max_pairs'"):
+        load_config(path, ["data.train=other"])
+
+
+def test_an_ambiguous_corpus_from_a_set_names_the_set(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("both.de", "both.de.gz", "both.en"):
+        (tmp_path / name).write_text("x\n")
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n")
+    message = r"^--set data.train=both: config key 'data.train': \S*both.de and \S*both.de.gz both exist"
+    with pytest.raises(NMTError, match=message):
+        load_config(path, ["data.train=both"])
