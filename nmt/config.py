@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.corpus import CorpusConfig, anchor_corpus
+from nmt.corpus import CorpusConfig, anchor_corpus, hf_keys_changed, resolve_format
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
 from nmt.schema import Schema
@@ -278,10 +278,14 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates, max_updates or max_minutes"
         )
+    if not cfg.run_dir:  # Path("") is the working directory: the run would fill it
+        raise NMTError("config key 'run_dir': empty: name the run's directory")
     if not cfg.data.train.path:
         raise NMTError("config key 'data.train': no training corpus given")
     if not cfg.data.dev.path:
         raise NMTError("config key 'data.dev': no dev corpus given")
+    if cfg.data.test is not None and not cfg.data.test.path:
+        raise NMTError("config key 'data.test': the corpus path is empty (null or no key means no test set)")
     for key, beam_size in (
         ("decode.beam_size", cfg.decode.beam_size),
         ("train.validate_beam_size", t.validate_beam_size),
@@ -293,6 +297,27 @@ def _check_consistency(cfg: Config) -> None:
         )
     if cfg.data.src_lang == cfg.data.trg_lang:
         raise NMTError("config key 'data.trg_lang': source and target language are the same")
+
+
+def _check_corpus_formats(cfg: Config) -> None:
+    """A Hugging Face dataset's keys on a plain or TSV corpus would be ignored: an error. Saved
+    configs list every key, so only a value other than the default counts. Needs anchored paths:
+    format auto is resolved on the files."""
+    d = cfg.data
+    for split in ("train", "dev", "test"):
+        spec = getattr(d, split)
+        changed = [] if spec is None else hf_keys_changed(spec)
+        if not changed:
+            continue
+        try:
+            fmt = resolve_format(spec, d.src_lang, d.trg_lang)
+        except NMTError:  # no such corpus (yet: data.synthetic writes it): reading it will say so
+            continue
+        if fmt != "hf":
+            raise NMTError(
+                f"config key 'data.{split}.{changed[0]}': applies to Hugging Face datasets (format hf) only, "
+                f"not to this {fmt} corpus"
+            )
 
 
 def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) -> Config:
@@ -328,7 +353,10 @@ def config_from_dict(values: dict, base_dir: Path | None = None, command_line: s
         raise NMTError("config: the top level must be a mapping of sections")
     cfg = _SCHEMA.build(Config, values, "")
     _check_consistency(cfg)
-    return cfg if base_dir is None else anchor_paths(cfg, base_dir, command_line)
+    if base_dir is not None:
+        cfg = anchor_paths(cfg, base_dir, command_line)
+    _check_corpus_formats(cfg)
+    return cfg
 
 
 # PyYAML reads YAML 1.1, where 5e-4 (no dot) is a string, not a number.

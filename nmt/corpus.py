@@ -39,6 +39,16 @@ class CorpusConfig:
     streaming: bool = True  # hf: stream rows instead of converting the whole dataset to Arrow first
 
 
+# Read by the Hugging Face reader only: a plain or TSV corpus would ignore them.
+HF_ONLY_KEYS = ("hf_config", "split", "src_column", "trg_column", "streaming")
+
+
+def hf_keys_changed(spec: CorpusConfig) -> list[str]:
+    """The Hugging-Face-only keys of ``spec`` set to other than their defaults."""
+    default = CorpusConfig()
+    return [name for name in HF_ONLY_KEYS if getattr(spec, name) != getattr(default, name)]
+
+
 _BOM = b"\xef\xbb\xbf"
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # written by Dataset(Dict).save_to_disk
 _BLOCK_BYTES = 1 << 22  # text is decoded 4 MiB at a time: one C-level decode per block, flat memory

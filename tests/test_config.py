@@ -421,3 +421,44 @@ def test_an_ambiguous_corpus_from_a_set_names_the_set(tmp_path, monkeypatch):
     message = r"^--set data.train=both: config key 'data.train': \S*both.de and \S*both.de.gz both exist"
     with pytest.raises(NMTError, match=message):
         load_config(path, ["data.train=both"])
+
+
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ('run_dir=""', "config key 'run_dir': empty"),
+        ('data.test=""', "config key 'data.test': the corpus path is empty"),
+        ('data.train=""', "config key 'data.train': no training corpus given"),
+    ],
+)
+def test_an_empty_path_is_an_error_naming_the_key(tmp_path, override, message):
+    path = write(tmp_path, "data: {train: a, dev: b, test: c}\ntrain: {max_minutes: 5}\n")
+    with pytest.raises(NMTError, match=f"^--set {override}: {message}"):
+        load_config(path, [override])
+
+
+@pytest.mark.parametrize(
+    "key,value",
+    [("src_column", "de"), ("trg_column", "en"), ("split", "validation"), ("hf_config", "de-en"), ("streaming", False)],
+)
+def test_hugging_face_keys_on_a_plain_or_tsv_corpus_are_errors(tmp_path, monkeypatch, key, value):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.de", "a.en", "b.de", "b.en", "c.tsv"):
+        (tmp_path / name).write_text("x\n")
+    datasets.Dataset.from_dict({"de": ["x"], "en": ["y"]}).save_to_disk(str(tmp_path / "ds"))
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n")
+    for corpus, fmt in (("a", "plain"), ("c.tsv", "tsv"), ("{path: a, format: plain}", "plain")):
+        with pytest.raises(NMTError, match=f"config key 'data.train.{key}': applies to Hugging Face datasets .* {fmt}"):
+            load_config(path, [f"data.train={corpus}", f"data.train.{key}={value}"])
+    assert getattr(load_config(path, ["data.train=ds", f"data.train.{key}={value}"]).data.train, key) == value
+
+
+def test_hugging_face_keys_at_their_defaults_are_accepted_on_any_corpus(tmp_path):
+    """A run's saved config lists every key, the Hugging Face ones at their defaults for plain corpora."""
+    for name in ("a.de", "a.en", "b.de", "b.en"):
+        (tmp_path / name).write_text("x\n")
+    cfg = load_config(write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n"))
+    (tmp_path / "saved.yaml").write_text(config_yaml(cfg))
+    assert "streaming: true" in (tmp_path / "saved.yaml").read_text()
+    assert load_config(tmp_path / "saved.yaml") == cfg
