@@ -167,6 +167,15 @@ def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
         raise _no_line_fits(cfg, e) from None
 
 
+def _all_filtered(summary: dict, max_len: int, max_len_ratio: float) -> NMTError:
+    """Every pair dropped by the length filters: the error names the key that dropped most of them."""
+    too_long, bad_ratio = summary["too_long"], summary["bad_ratio"]
+    counts = [f"{too_long} over data.max_len {max_len} subwords"] if too_long else []
+    counts += [f"{bad_ratio} over data.max_len_ratio {max_len_ratio}"] if bad_ratio else []
+    key = "data.max_len" if too_long >= bad_ratio else "data.max_len_ratio"
+    return NMTError(f"config key '{key}': every training pair was dropped by the length filter ({', '.join(counts)})")
+
+
 def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
     d = cfg.data
     directory = run.train_data_dir
@@ -203,7 +212,7 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
     if summary["kept"] == 0:
         if summary["read"] == summary["empty"]:
             raise _empty_corpus("train", d.train)
-        raise NMTError("config key 'data.max_len': every training pair was dropped by the length filter")
+        raise _all_filtered(summary, d.max_len, d.max_len_ratio)
     return ShardedCorpus(directory)
 
 

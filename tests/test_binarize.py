@@ -241,6 +241,21 @@ def test_empty_training_corpus_is_one_line_error(tmp_path):
         prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
 
 
+@pytest.mark.parametrize(
+    "data,key,counts",
+    [
+        ({"max_len_ratio": 1.5}, "data.max_len_ratio", r"\(4 over data.max_len_ratio 1.5\)"),
+        ({"max_len": 3}, "data.max_len", r"\(4 over data.max_len 3 subwords\)"),
+    ],
+)
+def test_every_pair_filtered_names_the_key_that_dropped_them(tmp_path, data, key, counts):
+    path = tiny_config(tmp_path)
+    write_corpus(tmp_path / "data", "train", [("hund", "the dog sees the cat today")] * 4)
+    cfg = load_config(path, ["tokenizer.vocab_size=20", *(f"data.{k}={v}" for k, v in data.items())])
+    with pytest.raises(NMTError, match=f"^config key '{key}': every training pair was dropped .*{counts}"):
+        prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
+
+
 def test_nmt_prepare_then_train_reuses_the_shards(tmp_path, capsys):
     from nmt.cli import main
 
