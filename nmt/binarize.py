@@ -167,14 +167,28 @@ def _worker_init() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
-def _result(result: multiprocessing.pool.AsyncResult) -> dict:
+def _result(result: multiprocessing.pool.AsyncResult, workers: Sequence = (), directory: Path = Path()) -> dict:
     """Wait in short steps: a signal taken by one of the pool's threads only sets a flag that the
-    main thread looks at when it runs, and an endless wait would never look."""
+    main thread looks at when it runs, and an endless wait would never look. A pool replaces a
+    worker that died (the kernel's out-of-memory killer, a kill -9) but loses its task, whose
+    result would never come: a dead worker ends the wait with an error."""
     while True:
         try:
             return result.get(timeout=0.2)
         except multiprocessing.TimeoutError:
-            pass
+            dead = next((w for w in workers if not w.is_alive()), None)
+            if dead is not None:
+                raise NMTError(
+                    f"{directory}: a worker encoding the training data died ({_how_it_ended(dead.exitcode)}); "
+                    "the complete shards are kept: run again, with a smaller data.workers if memory ran out"
+                ) from None
+
+
+def _how_it_ended(exitcode: int | None) -> str:
+    if exitcode is not None and exitcode < 0:
+        name = signal.Signals(-exitcode).name
+        return f"killed by {name}" + (", perhaps for want of memory" if name == "SIGKILL" else "")
+    return f"exit status {exitcode}"
 
 
 def _shut_down(pool: multiprocessing.pool.Pool) -> None:
@@ -228,9 +242,12 @@ def binarize(
     local_spec = replace(spec, threads=os.cpu_count() or 1)
     pool = None
     try:
+        pool_workers: list = []
         if parallel:
+            before = {c.pid for c in multiprocessing.active_children()}
             with _stop_signals_blocked():
                 pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
+            pool_workers = [c for c in multiprocessing.active_children() if c.pid not in before]
         try:
             for index, (src, trg) in enumerate(chain(head, stream)):
                 if index in finished:
@@ -241,10 +258,10 @@ def binarize(
                     pending.append((index, pool.apply_async(encode, (spec, index, src, trg))))
                     while len(pending) >= 2 * workers:
                         i, result = pending.popleft()
-                        metas[i] = _result(result)
+                        metas[i] = _result(result, pool_workers, directory)
             while pending:
                 i, result = pending.popleft()
-                metas[i] = _result(result)
+                metas[i] = _result(result, pool_workers, directory)
         except OSError as e:  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
             raise _write_error(e, directory) from None
     finally:

@@ -5,7 +5,8 @@
   fault-injection tests). In-process tests set ``before_rename`` to a callable instead.
 - ``NMT_TEST_PARAM_DIGESTS=DIR``: each rank appends a SHA-256 of its weights to ``DIR/rankR.txt``
   after every update (the data-parallel equivalence test).
-- ``NMT_TEST_HOLD_SHARD=N:FILE``: the encoding of training shard N creates FILE, then never ends
+- ``NMT_TEST_HOLD_SHARD=N:FILE``: the encoding of training shard N writes its process id to FILE,
+  then never ends
   (the tests that interrupt a data preparation while its workers encode).
 """
 
@@ -55,6 +56,6 @@ def encoding_shard(index: int) -> None:
     """Called as the encoding of training shard ``index`` starts (in a worker process, or not)."""
     held, _, marker = os.environ.get(HOLD_SHARD, "").partition(":")
     if held and int(held) == index:
-        Path(marker).touch()
+        Path(marker).write_text(str(os.getpid()))
         while True:
             time.sleep(1)

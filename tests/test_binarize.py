@@ -303,6 +303,35 @@ def test_a_signal_to_the_process_group_while_workers_encode_stops_cleanly(tmp_pa
     run keeps the finished shards."""
     from nmt.cli import main
 
+    proc, argv, held = _prepare_holding_shard_0(tmp_path)
+    os.killpg(proc.pid, signum)
+    err = _finished(proc)
+    assert proc.returncode == code, err
+    assert "nmt prepare: interrupted" in err and "Traceback" not in err, err
+    assert main(argv) == 0
+    assert "3 complete shards kept" in capsys.readouterr().err
+    assert len(bz.ShardedCorpus(tmp_path / "run" / "data" / "train")) > 0
+
+
+def test_a_worker_killed_from_outside_ends_the_preparation_with_an_error_not_a_wait(tmp_path, capsys):
+    """The pool replaces a worker the out-of-memory killer took, and its task is lost: waiting for
+    that shard would never end."""
+    from nmt.cli import main
+
+    proc, argv, held = _prepare_holding_shard_0(tmp_path)
+    os.kill(int(held.read_text()), signal.SIGKILL)
+    err = _finished(proc)
+    assert proc.returncode == 2, err
+    last = err.strip().splitlines()[-1]
+    assert "a worker encoding the training data died (killed by SIGKILL" in last and "data.workers" in last
+    assert "Traceback" not in err
+    assert main(argv) == 0
+    assert "3 complete shards kept" in capsys.readouterr().err
+
+
+def _prepare_holding_shard_0(tmp_path: Path) -> tuple[subprocess.Popen, list[str], Path]:
+    """``nmt prepare`` with two workers, in a session of its own, once one worker holds shard 0
+    for ever (its pid in the returned file) and the other, done with shards 1-3, waits for a task."""
     config = tiny_config(tmp_path)
     write_corpus(tmp_path / "data", "train", _random_pairs(600))
     argv = ["prepare", "--config", str(config)]
@@ -321,23 +350,21 @@ def test_a_signal_to_the_process_group_while_workers_encode_stops_cleanly(tmp_pa
     directory = tmp_path / "run" / "data" / "train"
     done = [directory / f"{bz._shard_name(i)}.json" for i in (1, 2, 3)]
     deadline = time.monotonic() + 120
-    # One worker holds shard 0; the other, done with shards 1-3, waits for a task.
-    while not (held.exists() and all(p.exists() for p in done)):
+    while not (held.exists() and held.read_text() and all(p.exists() for p in done)):
         assert proc.poll() is None, proc.communicate()
         assert time.monotonic() < deadline, "the workers never reached shard 3"
         time.sleep(0.05)
-    os.killpg(proc.pid, signum)
+    return proc, argv, held
+
+
+def _finished(proc: subprocess.Popen) -> str:
+    """``proc``'s stderr once it ends, which must be within a minute."""
     try:
-        _, err = proc.communicate(timeout=60)
+        return proc.communicate(timeout=60)[1]
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
-        raise AssertionError("still running 60 s after the signal") from None
-    assert proc.returncode == code, err
-    assert "nmt prepare: interrupted" in err and "Traceback" not in err, err
-    assert main(argv) == 0
-    assert "3 complete shards kept" in capsys.readouterr().err
-    assert len(bz.ShardedCorpus(directory)) > 0
+        raise AssertionError("still running 60 s later") from None
 
 
 def test_waiting_for_a_shard_lets_a_signal_another_thread_took_interrupt_it():
