@@ -263,6 +263,12 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.max_updates {t.max_updates}"
         )
+    if t.decay_updates is not None and t.schedule not in ("cosine", "linear"):  # it would be ignored
+        raise NMTError(
+            f"config key 'train.decay_updates': schedule '{t.schedule}' does not use it (cosine and linear do)"
+        )
+    if t.lr_min > 0 and t.schedule == "constant":
+        raise NMTError("config key 'train.lr_min': schedule 'constant' stays at lr_peak after warmup, never at lr_min")
     if t.decay_updates is not None and t.warmup_updates > t.decay_updates:  # the decay would end before it starts
         raise NMTError(
             f"config key 'train.warmup_updates': {t.warmup_updates} exceeds train.decay_updates {t.decay_updates}"

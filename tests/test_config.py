@@ -210,7 +210,17 @@ def test_train_cross_key_bounds():
     with pytest.raises(NMTError, match=r"'train.lr_min': 1.0 exceeds train.lr_peak 0.0007"):
         config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "lr_peak": 7e-4, "lr_min": 1.0}})
     with pytest.raises(NMTError, match="'train.warmup_updates': 8 exceeds train.decay_updates 5"):
-        config_from_dict({**MINIMAL, "train": {"max_minutes": 5, "warmup_updates": 8, "decay_updates": 5}})
+        config_from_dict(
+            {**MINIMAL, "train": {"max_minutes": 5, "warmup_updates": 8, "decay_updates": 5, "schedule": "linear"}}
+        )
+    # Keys a schedule would ignore are refused, as the other model type's keys are.
+    for schedule in ("inverse_sqrt", "constant"):
+        with pytest.raises(NMTError, match=f"'train.decay_updates': schedule '{schedule}' does not use it"):
+            config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "schedule": schedule, "decay_updates": 50}})
+    with pytest.raises(NMTError, match="'train.lr_min': schedule 'constant' stays at lr_peak"):
+        config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "schedule": "constant", "lr_min": 1e-5}})
+    for schedule in ("cosine", "linear"):
+        config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "schedule": schedule, "decay_updates": 50}})
     same = config_from_dict({**MINIMAL, "train": {**MINIMAL["train"], "lr_peak": 1e-3, "lr_min": 1e-3}})
     assert same.train.lr_min == same.train.lr_peak  # a flat rate after warmup is allowed
 
