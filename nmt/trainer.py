@@ -64,6 +64,11 @@ class Progress:
     trg_tokens: int = 0
     last_validated: int = -1
 
+    @property
+    def update_epoch(self) -> int:
+        """The epoch the last update's batches came from: ``epoch`` has moved on once they ended one."""
+        return self.epoch - 1 if self.batch_in_epoch == 0 and self.update > 0 else self.epoch
+
     @classmethod
     def from_dict(cls, d: dict) -> Progress:
         names = {f.name for f in fields(cls)}
@@ -364,7 +369,7 @@ class Trainer:
         record = {
             "type": "valid",
             "update": p.update,
-            "epoch": p.epoch,
+            "epoch": p.update_epoch,
             "dev_loss": dev_loss,
             "dev_ppl": math.exp(min(dev_loss, 50)),
             "dev_bleu": bleu,

@@ -129,16 +129,15 @@ class Report:
 
     def update(self, stats: dict) -> None:
         trainer, p = self.trainer, self.trainer.progress
-        trainer.write_metrics(
-            {"type": "train", "update": p.update, "epoch": p.epoch, **stats, "elapsed": round(p.elapsed_seconds, 3)}
-        )
+        record = {"type": "train", "update": p.update, "epoch": p.update_epoch, **stats}
+        trainer.write_metrics({**record, "elapsed": round(p.elapsed_seconds, 3)})
         self.window_tokens += stats["trg_tokens"]
         if p.update % trainer.cfg.train.log_every == 0:
             rate = self.window_tokens / max(time.perf_counter() - self.window_start, 1e-9)
             self.restart_window()
             if self.bar is None:
                 trainer.log(
-                    f"update {p.update} epoch {p.epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
+                    f"update {p.update} epoch {p.update_epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
                     f"|g| {stats['grad_norm']:.2f} {rate:.0f} tgt tok/s"
                 )
             else:

@@ -71,3 +71,23 @@ def test_public_api_trains_validates_and_saves(tmp_path):
     for name, tensor in again.model.state_dict().items():
         assert torch.equal(tensor, weights[name]), name
     again.close()
+
+
+def test_records_number_an_epoch_s_last_update_with_that_epoch(tmp_path):
+    # The position moves to the next epoch as its last batch is consumed; the records and log lines
+    # are about the update, whose batches came from the epoch before.
+    import json
+
+    from nmt.cli import main
+
+    config = tiny_config(
+        tmp_path, max_updates=None, max_epochs=2, max_tokens=96, warmup_updates=2, validate_every=1000, threads=1
+    )
+    assert main(["train", "--config", str(config)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["type"] == "train"]
+    epochs = [r["epoch"] for r in train]
+    assert epochs == sorted(epochs) and set(epochs) == {1, 2} and len(epochs) > 2
+    assert epochs.count(1) == epochs.count(2)  # the same data, the same number of batches
+    [final] = [r for r in records if r["type"] == "valid"]
+    assert final["epoch"] == 2 and final["update"] == train[-1]["update"]
