@@ -65,6 +65,8 @@ def _decode_config(args: argparse.Namespace, cfg):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
+    if not hasattr(args, "nbest"):  # eval-bleu scores and writes the best translation: decode.nbest is translate's
+        changes["nbest"] = 1
     decode = replace(cfg.decode, **changes)
     if decode.nbest > decode.beam_size:
         raise NMTError(

@@ -49,6 +49,24 @@ def test_tiny_transformer_overfits_to_bleu_100(trained_run, capsys):
     assert any(r["type"] == "valid" and r["dev_bleu"] == pytest.approx(100.0) for r in records)
 
 
+def test_eval_bleu_scores_the_best_translation_of_a_run_whose_config_asks_for_nbest(trained_run, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["nbest"] = 2  # translate's n-best lists; eval-bleu has no such option
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    src, ref = trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    out_file = tmp_path / "hyp.en"
+    code, out, err = run_cli(
+        ["eval-bleu", "--model", run, "--src", src, "--ref", ref, "--json", "--output", out_file], capsys
+    )
+    assert code == 0, err
+    assert json.loads(out)["bleu"] == pytest.approx(100.0)
+    assert out_file.read_text().splitlines() == [t for _, t in PAIRS]
+
+
 def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
     import io
 
