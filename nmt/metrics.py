@@ -51,23 +51,21 @@ def end_torn_tail(path: Path, block: int = 1 << 16) -> None:
         size = f.seek(0, os.SEEK_END)
         line_start = 0
         for end in range(size, 0, -block):
-            f.seek(max(0, end - block))
-            newline = f.read(end - max(0, end - block)).rfind(b"\n")
+            start = max(0, end - block)
+            f.seek(start)
+            newline = f.read(end - start).rfind(b"\n")
             if newline >= 0:
-                line_start = max(0, end - block) + newline + 1
+                line_start = start + newline + 1
                 break
         if line_start == size:
             return
         f.seek(line_start)
-        try:
-            whole = isinstance(json.loads(f.read().decode("utf-8")), dict)
-        except ValueError:
-            whole = False
-        if whole:
-            f.seek(size)
-            f.write(b"\n")
-        else:
+        try:  # a whole record as the reader takes one
+            _parse_line(f.read(), path, 0)
+        except NMTError:
             f.truncate(line_start)
+        else:
+            f.write(b"\n")
 
 
 @dataclass(frozen=True)
