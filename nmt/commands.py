@@ -65,8 +65,6 @@ def _decode_config(args: argparse.Namespace, cfg):
         value = getattr(args, name, None)
         if value is not None:
             changes[name] = value
-    if not hasattr(args, "nbest"):  # eval-bleu scores and writes the best translation: decode.nbest is translate's
-        changes["nbest"] = 1
     decode = replace(cfg.decode, **changes)
     if decode.nbest > decode.beam_size:
         raise NMTError(
@@ -173,6 +171,8 @@ def _check_hyp_alone(args: argparse.Namespace) -> None:
 
 
 def cmd_eval_bleu(args: argparse.Namespace) -> int:
+    from dataclasses import replace
+
     from nmt.corpus import read_lines
     from nmt.scoring import corpus_scores
 
@@ -186,6 +186,8 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
             raise NMTError("eval-bleu --model needs --src FILE (the source side to translate)")
         run = RunDir.existing(args.model)
         cfg = run.config()
+        # eval-bleu scores, and writes, the best translation: the run's decode.nbest is translate's
+        cfg = replace(cfg, decode=replace(cfg.decode, nbest=1))
         _decode_config(args, cfg)
         source = input_file(args.src, "--src")
         n_src = sum(1 for _ in read_lines(source))
