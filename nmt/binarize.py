@@ -199,11 +199,16 @@ def _shut_down(pool: multiprocessing.pool.Pool) -> None:
     pool.join()
 
 
-def _write_error(error: OSError, directory: Path) -> NMTError:
-    """One line naming the file that could not be written, or its directory for a hidden temporary."""
-    path = Path(error.filename) if error.filename else directory
-    where = directory if is_temporary(path) else path
-    return NMTError(f"{where}: cannot write the encoded training data ({error.strerror or error})")
+@contextmanager
+def _writing(directory: Path) -> Iterator[None]:
+    """An OSError inside becomes one line naming the file that could not be written, or
+    ``directory`` for a hidden temporary."""
+    try:
+        yield
+    except OSError as error:
+        path = Path(error.filename) if error.filename else directory
+        where = directory if is_temporary(path) else path
+        raise NMTError(f"{where}: cannot write the encoded training data ({error.strerror or error})") from None
 
 
 def _summary(metas: list[dict]) -> dict:
@@ -226,12 +231,10 @@ def binarize(
     encode = encode or encode_shard
     start = time.perf_counter()
     directory = Path(spec.directory)
-    try:
+    with _writing(directory):
         directory.mkdir(parents=True, exist_ok=True)
         (directory / INDEX).unlink(missing_ok=True)  # from here on the directory is not a finished corpus
         finished = _clear(directory, spec.fingerprint)
-    except OSError as e:
-        raise _write_error(e, directory) from None
     if finished:
         log(f"train: resuming an interrupted preparation; {len(finished)} complete shards kept")
     metas: dict[int, dict] = {}
@@ -248,7 +251,7 @@ def binarize(
             with _stop_signals_blocked():
                 pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
             pool_workers = [c for c in multiprocessing.active_children() if c.pid not in before]
-        try:
+        with _writing(directory):  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
             for index, (src, trg) in enumerate(chain(head, stream)):
                 if index in finished:
                     metas[index] = finished[index]
@@ -262,8 +265,6 @@ def binarize(
             while pending:
                 i, result = pending.popleft()
                 metas[i] = _result(result, pool_workers, directory)
-        except OSError as e:  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
-            raise _write_error(e, directory) from None
     finally:
         if pool is not None:
             _shut_down(pool)
@@ -277,10 +278,8 @@ def binarize(
         "shards": [_shard_name(i) for i in sorted(metas) if metas[i]["kept"] > 0],
         **_summary(ordered),
     }
-    try:
+    with _writing(directory):
         atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())
-    except OSError as e:
-        raise _write_error(e, directory) from None
     return index
 
 
