@@ -19,8 +19,10 @@ engine loads it like any converted model. How our Transformer maps onto that spe
 Decoding with our conventions needs a few ``translate_batch`` options (``ctranslate2_options``):
 ``return_end_token=True`` so that the length in score / length**alpha counts EOS as ours does,
 ``min_decoding_length=0`` so that EOS may come first, ``patience=2`` so that beam search stops about
-as late as ours, and ``max_decoding_length`` = floor(a * src_len + b), which CTranslate2 takes per
-call, not per sentence (``translate_lines`` groups by it).
+as late as ours, ``max_input_length`` = max_positions so that a long source is cut as ``nmt translate``
+cuts it, and ``max_decoding_length`` = min(floor(a * src_len + b), max_positions), which CTranslate2
+takes per call, not per sentence (``translate_lines`` groups by it). Past the table's max_positions
+rows CTranslate2 has no position to read: a longer source or output is an error there, not a cut.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch
 from nmt.config import DecodeConfig
 from nmt.errors import NMTError
 from nmt.models import ModelConfig, TransformerConfig
+from nmt.search import MAX_STEPS
 from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 
 QUANTIZATIONS = ("int8", "int8_float32", "int8_float16", "int8_bfloat16", "int16", "float16", "bfloat16", "float32")
@@ -220,7 +223,8 @@ def _copy_tokenizers(src_tok: Tokenizer, trg_tok: Tokenizer, joint: bool, direct
 
 def ctranslate2_options(decode: DecodeConfig, max_positions: int | None = None) -> dict:
     """``translate_batch`` keyword arguments that decode as ``nmt translate`` does (bar the per-sentence
-    max length: pass ``max_decoding_length`` = floor(a * src_len + b) per call, see ``translate_lines``)."""
+    max length: pass ``max_decoding_length`` from ``max_decoding_lengths`` per call, see ``translate_lines``).
+    Without ``max_positions`` CTranslate2 keeps its own input limit (1,024 tokens)."""
     options = {
         "beam_size": decode.beam_size,
         "length_penalty": decode.length_penalty,
@@ -264,20 +268,27 @@ def _readme(info: dict) -> str:
     spm = info["sentencepiece"]
     options = ", ".join(f"{k}={v!r}" for k, v in info["decode"]["translate_batch"].items())
     a, b = info["decode"]["max_len_a"], info["decode"]["max_len_b"]
+    positions = info["model"]["max_positions"]
     return f"""# CTranslate2 model exported by `nmt export`
 
 ```python
+import math
 import ctranslate2, sentencepiece as spm
 src = spm.SentencePieceProcessor(model_file="{spm["source"]}")
 trg = spm.SentencePieceProcessor(model_file="{spm["target"]}")
 translator = ctranslate2.Translator(".", compute_type="default")  # or "int8"
-pieces = src.encode(["Ein Hund läuft."], out_type=str)
-results = translator.translate_batch(pieces, {options}, max_decoding_length=256)
+pieces = [p[:{positions - 1}] for p in src.encode(["Ein Hund läuft."], out_type=str)]
+limit = min({positions}, max(1, math.floor({a} * max(map(len, pieces)) + {b})))
+results = translator.translate_batch(pieces, {options}, max_decoding_length=limit)
 print(trg.decode([[p for p in r.hypotheses[0] if p != "{info["special_tokens"]["eos"]}"] for r in results]))
 ```
 
-`nmt translate` limits each output to floor({a} * source pieces + {b}) tokens, EOS included;
-CTranslate2's `max_decoding_length` is one number per call (group sentences by it to match exactly).
+The model has {positions} positions, source and output alike; CTranslate2 raises an error for a
+position past them. So, as `nmt translate` does, a source keeps its first {positions - 1} pieces (the
+EOS CTranslate2 appends takes the last position; `max_input_length` makes the same cut), and an
+output has at most floor({a} * source pieces + {b}) tokens, EOS included, source pieces counted
+after the cut, and never more than {positions}. CTranslate2's `max_decoding_length` is one number
+per call: group sentences by it to match `nmt translate` exactly.
 `nmt_export.json` lists the tokenizer files, special tokens and decoding options.
 """
 
@@ -314,23 +325,40 @@ def export_run(
     return out
 
 
-def max_decoding_lengths(src_lengths: list[int], decode: DecodeConfig) -> list[int]:
-    """floor(a * src_len + b), at least 1, per sentence: ``nmt.search.max_output_lengths`` in plain ints."""
-    return [max(1, math.floor(decode.max_len_a * n + decode.max_len_b)) for n in src_lengths]
+def max_decoding_lengths(src_lengths: list[int], decode: DecodeConfig, max_positions: int | None = None) -> list[int]:
+    """floor(a * src_len + b) per sentence, at least 1 and at most ``max_positions`` (the decoder's
+    positions): ``nmt.search.max_output_lengths`` in plain ints. ``src_lengths`` count the pieces the
+    model reads, after any cut to its positions."""
+    upper = MAX_STEPS if max_positions is None else min(max_positions, MAX_STEPS)
+    return [min(upper, max(1, math.floor(decode.max_len_a * n + decode.max_len_b))) for n in src_lengths]
 
 
 def translate_lines(
-    translator, src_tok: Tokenizer, trg_tok: Tokenizer, lines: list[str], decode: DecodeConfig, group: bool = True, **kw
+    translator,
+    src_tok: Tokenizer,
+    trg_tok: Tokenizer,
+    lines: list[str],
+    decode: DecodeConfig,
+    group: bool = True,
+    *,
+    max_positions: int | None,
+    **kw,
 ) -> list[str]:
     """Translate with a CTranslate2 ``translator`` as ``nmt translate`` would: same options, and with
     ``group`` one call per max output length so that each sentence gets its own limit (else one call
-    with the largest). Extra keywords go to ``translate_batch`` (e.g. ``max_batch_size``)."""
+    with the largest). ``max_positions`` is the exported model's (``nmt_export.json``): a longer
+    source is cut to its first max_positions - 1 pieces, as ``nmt translate`` cuts it (without its
+    warning), and outputs stop at max_positions tokens. Extra keywords go to ``translate_batch``
+    (e.g. ``max_batch_size``)."""
+    from nmt.translate import max_source_length
+
     src_vocab, trg_vocab = vocabulary(src_tok), vocabulary(trg_tok)
     trg_ids = {piece: i for i, piece in enumerate(trg_vocab)}
     filled = [i for i, line in enumerate(lines) if line.strip()]
-    pieces = [[src_vocab[i] for i in ids] for ids in src_tok.encode([lines[i] for i in filled])]
-    limits = max_decoding_lengths([len(p) for p in pieces], decode)
-    options = {**ctranslate2_options(decode), **kw}
+    max_src = max_source_length(max_positions)
+    pieces = [[src_vocab[i] for i in ids[:max_src]] for ids in src_tok.encode([lines[i] for i in filled])]
+    limits = max_decoding_lengths([len(p) for p in pieces], decode, max_positions)
+    options = {**ctranslate2_options(decode, max_positions), **kw}
     out = [""] * len(lines)
     for limit in sorted(set(limits)) if group else [max(limits, default=1)]:
         rows = [r for r, n in enumerate(limits) if n == limit or not group]

@@ -72,8 +72,12 @@ def main() -> int:
     def nmt_run(translator, d):
         return lambda: [h[0] for h in translator.translate(src, d)]
 
+    max_positions = run.config().model.max_positions
+
     def ct2_run(translator, d, group=True, **kw):
-        return lambda: export.translate_lines(translator, *toks, src, d, group, **batching, **kw)
+        return lambda: export.translate_lines(
+            translator, *toks, src, d, group, max_positions=max_positions, **batching, **kw
+        )
 
     results: dict = {"cpu": cpu_name(), "threads": args.threads, "sentences": len(src), "torch": torch.__version__}
     results["ctranslate2"] = ct2.__version__

@@ -193,6 +193,69 @@ def test_beam_scores_count_eos_in_the_length(ct2, tokenizers, tmp_path):
     assert agree >= len(SOURCES) - 2  # the searches stop differently (see the README), rarely matters
 
 
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_long_sources_and_outputs_are_cut_as_nmt_translate_cuts_them(ct2, tokenizers, tmp_path, positions):
+    """A source longer than the positions and an output limit past them (max_len_a 10): the exported
+    model reads the same first max_positions - 1 pieces and stops at max_positions tokens, as ours."""
+    from nmt.device import Precision
+    from nmt.translate import Translator
+
+    src_tok, trg_tok = tokenizers[True]
+    P = 32  # the training pairs need 21
+    cfg = TransformerConfig(
+        d_model=32,
+        ff_size=64,
+        encoder_layers=1,
+        decoder_layers=1,
+        heads=4,
+        dropout=0.0,
+        positions=positions,
+        max_positions=P,
+    )
+    model = short_training(cfg, src_tok, trg_tok, steps=30)
+    out = export.export_ctranslate2(model, cfg, src_tok, trg_tok, tmp_path / "ct2")
+    warnings: list[str] = []
+    ours = Translator(model, src_tok, trg_tok, torch.device("cpu"), Precision("cpu", "fp32"), warn=warnings.append)
+    lines = SOURCES + [" ".join(s for s, _ in PAIRS)]  # the last: 119 pieces
+    assert len(src_tok.encode(lines[-1:])[0]) > P
+    translator = ct2.Translator(str(out), intra_threads=1)
+
+    greedy = DecodeConfig(beam_size=1, max_len_a=10, max_len_b=10)
+    scored = ours.translate_scored(lines, greedy)
+    assert warnings and "line 12 is" in warnings[0]  # the long source was cut
+    assert max(h.steps for ((_, h),) in scored) == P  # and some output ran into the positions
+    got = export.translate_lines(translator, src_tok, trg_tok, lines, greedy, max_positions=P)
+    assert got == [text for ((text, _),) in scored]
+
+    # Beam search stops differently (see the README), but decodes within the same limits.
+    beam = DecodeConfig(beam_size=3, max_len_a=10, max_len_b=10)
+    got = export.translate_lines(translator, src_tok, trg_tok, lines, beam, max_positions=P)
+    assert len(got) == len(lines) and all(got)
+
+
+def test_exported_readme_limits_to_the_positions(ct2, tokenizers, tmp_path):
+    """The exported README's example runs as written and keeps within the model's positions."""
+    src_tok, trg_tok = tokenizers[True]
+    cfg = TransformerConfig(
+        d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4, dropout=0.0, max_positions=24
+    )
+    model = short_training(cfg, src_tok, trg_tok, steps=5)
+    decode = DecodeConfig(beam_size=2, max_len_a=10, max_len_b=10)
+    out = export.export_ctranslate2(model, cfg, src_tok, trg_tok, tmp_path / "ct2", decode=decode)
+    readme = (out / "README.md").read_text()
+    assert "24 positions" in readme
+    code = readme.split("```python\n")[1].split("```")[0]
+    long_line = " ".join(s for s, _ in PAIRS)
+    code = code.replace('"Ein Hund läuft."', repr(long_line)).replace('compute_type="default"', "intra_threads=1")
+    printed = []
+    names = {"print": printed.append}
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(out)
+        exec(compile(code, "README.md", "exec"), names)
+    assert len(names["pieces"][0]) == 23 and names["limit"] == 24  # 10 * 23 + 10 capped
+    assert len(printed) == 1 and printed[0][0]
+
+
 @pytest.fixture
 def fake_run(tokenizers, tmp_path):
     """A run directory as 'nmt train' leaves it: config, SentencePiece model, best checkpoint."""
@@ -229,12 +292,24 @@ def test_cli_export_translates_as_nmt_translate(ct2, fake_run, tmp_path, capsys)
     ours = load_translator(RunDir.existing(run), "cpu", "fp32")
     decode = DecodeConfig(beam_size=1, max_len_a=0.5, max_len_b=1)  # limits that cut: each sentence's own must apply
     expected = [h[0] for h in ours.translate(SOURCES + [""], decode)]
+    positions = info["model"]["max_positions"]
     got = export.translate_lines(
-        ct2.Translator(str(out), intra_threads=1), ours.src_tok, ours.trg_tok, SOURCES + [""], decode
+        ct2.Translator(str(out), intra_threads=1),
+        ours.src_tok,
+        ours.trg_tok,
+        SOURCES + [""],
+        decode,
+        max_positions=positions,
     )
     assert got == expected
     ungrouped = export.translate_lines(
-        ct2.Translator(str(out), intra_threads=1), ours.src_tok, ours.trg_tok, SOURCES, decode, False
+        ct2.Translator(str(out), intra_threads=1),
+        ours.src_tok,
+        ours.trg_tok,
+        SOURCES,
+        decode,
+        False,
+        max_positions=positions,
     )
     assert ungrouped != expected[:-1]  # one limit for all (the longest) cuts the short sentences later
 
@@ -243,7 +318,12 @@ def test_cli_export_translates_as_nmt_translate(ct2, fake_run, tmp_path, capsys)
     assert (tmp_path / "q" / "model.bin").stat().st_size < 0.7 * (out / "model.bin").stat().st_size
     assert len(
         export.translate_lines(
-            ct2.Translator(str(tmp_path / "q"), intra_threads=1), ours.src_tok, ours.trg_tok, SOURCES, decode
+            ct2.Translator(str(tmp_path / "q"), intra_threads=1),
+            ours.src_tok,
+            ours.trg_tok,
+            SOURCES,
+            decode,
+            max_positions=positions,
         )
     ) == len(SOURCES)
 
@@ -304,5 +384,7 @@ def test_max_decoding_lengths_follow_nmt_search():
     for i, n in enumerate(lengths):
         mask[i, : n + 1] = True  # + EOS
     for a, b in [(1.2, 10), (0.0, 3), (1.5, 0)]:
-        expected = max_output_lengths(mask, a, b).tolist()
-        assert export.max_decoding_lengths(lengths, DecodeConfig(max_len_a=a, max_len_b=b)) == expected
+        for max_positions in (None, 12):
+            expected = max_output_lengths(mask, a, b, max_positions).tolist()
+            got = export.max_decoding_lengths(lengths, DecodeConfig(max_len_a=a, max_len_b=b), max_positions)
+            assert got == expected
