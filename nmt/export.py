@@ -19,10 +19,11 @@ engine loads it like any converted model. How our Transformer maps onto that spe
 Decoding with our conventions needs a few ``translate_batch`` options (``ctranslate2_options``):
 ``return_end_token=True`` so that the length in score / length**alpha counts EOS as ours does,
 ``min_decoding_length=0`` so that EOS may come first, ``patience=2`` so that beam search stops about
-as late as ours, ``max_input_length`` = max_positions so that a long source is cut as ``nmt translate``
-cuts it, and ``max_decoding_length`` = min(floor(a * src_len + b), max_positions), which CTranslate2
-takes per call, not per sentence (``translate_lines`` groups by it). Past the table's max_positions
-rows CTranslate2 has no position to read: a longer source or output is an error there, not a cut.
+as late as ours (by another rule: see ``ctranslate2_options``), ``max_input_length`` = max_positions
+so that a long source is cut as ``nmt translate`` cuts it, and ``max_decoding_length`` =
+min(floor(a * src_len + b), max_positions), which CTranslate2 takes per call, not per sentence
+(``translate_lines`` groups by it). Past the table's max_positions rows CTranslate2 has no position
+to read: a longer source or output is an error there, not a cut.
 """
 
 from __future__ import annotations
@@ -231,9 +232,12 @@ def ctranslate2_options(decode: DecodeConfig, max_positions: int | None = None) 
         "num_hypotheses": decode.nbest,
         "return_end_token": True,  # the length in score / length**alpha then counts EOS, as ours does
         "min_decoding_length": 0,  # EOS may come first, as in nmt
-        # CTranslate2 stops a sentence at beam_size * patience finished hypotheses; ours also waits
-        # until no live beam beats the K-th. With patience 1 it kept a lower-scoring hypothesis on 64
-        # of 1,000 Multi30k test sentences (-0.36 BLEU), with 2 on 12 (-0.01 BLEU).
+        # CTranslate2 stops a sentence at beam_size * patience finished hypotheses; ours at K, once its
+        # best live beam's score so far (log p / length so far ** alpha) does not beat the K-th, which
+        # bounds its continuations only for alpha 0 (see nmt.search.beam_search). So for alpha > 0
+        # either search can stop before a higher-scoring hypothesis (CTranslate2's for any alpha).
+        # With patience 1 CTranslate2 kept a lower-scoring one than ours on 64 of 1,000 Multi30k test
+        # sentences (-0.36 BLEU), with 2 on 12 (-0.01 BLEU).
         "patience": PATIENCE,
     }
     if max_positions is not None:

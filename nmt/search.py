@@ -205,11 +205,17 @@ def beam_search(
       2. finish: those among the best K that end in EOS become finished hypotheses, ranked by
          score(y) = sum_t log p(y_t | y_<t, x) / |y| ** length_penalty, |y| counting the EOS;
       3. prune: the best K others are the new alive beams;
-      4. stop: a sentence is done when it has K finished hypotheses and its best alive one,
-         scored as if it ended now, does not beat the K-th best finished one (exact for
-         length_penalty 0, since log-probabilities only decrease), or when it reaches its
-         ``max_len`` steps: its alive beams then join the finished ones as they stand.
-    Done sentences leave the batch. beam_size 1 reproduces ``greedy_search``.
+      4. stop: a sentence is done when it has K finished hypotheses and its best alive beam's
+         score so far, log p / (t + 1) ** length_penalty over its t + 1 tokens (as if it ended
+         now), is at most the K-th best finished score; or when it reaches its ``max_len``
+         steps: its alive beams then join the finished ones as they stand.
+    The stopping rule of step 4 is exact only for length_penalty 0: a continuation only loses
+    log-probability, so none can beat the K-th finished, and the n-best are those the same search
+    would return if it ran every sentence to its max_len. With length_penalty > 0 it is a
+    heuristic: a longer continuation's log p is divided by a larger length ** length_penalty and
+    can still beat the K-th finished, so the search may stop before a better-scoring hypothesis
+    (a bound that never does, log p / max_len ** length_penalty, would take nearly every
+    sentence to its max_len). Done sentences leave the batch. beam_size 1 reproduces ``greedy_search``.
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest {nbest} must be between 1 and beam_size {beam_size}")
@@ -291,6 +297,8 @@ def _retire_done(
     Returns the rows of the decoder state the remaining beams continue."""
     n = len(beams.sentence)
     at_limit = beams.limit <= t + 1  # (n,)
+    # The best alive beam (column 0: beams share a length, so best log p is best score), scored
+    # over its length so far: a bound on its continuations for length_penalty 0 only (see beam_search).
     done = at_limit | (beams.scores[:, 0] / norm <= beams.bar)
     if not bool(done.any()):
         return rows

@@ -287,3 +287,81 @@ def test_best_continuations_of_one_beam_over_a_small_vocabulary():
     assert torch.equal(top_scores[:, :V], ref_scores) and torch.equal(tok[:, :V], ref_tok)
     assert (top_scores[:, V:] == -math.inf).all()
     assert (beam_ == 0).all()
+
+
+# ---------------------------------------------------------------------------- the stopping rule
+
+
+class StepTable(Seq2Seq):
+    """p(next | sentence, step, previous token) from a fixed random table over W words (PAD, BOS,
+    EOS and three more): the same numbers in any batch, so a plain reference search can compare.
+    It records the last step each sentence was decoded at."""
+
+    W = 6
+
+    def __init__(self, sentences: int, steps: int, eos_bias: float, seed: int = 0):
+        super().__init__()
+        self.pad_id = PAD
+        g = torch.Generator().manual_seed(seed)
+        logits = torch.randn(sentences, steps, self.W, self.W, generator=g) * 2
+        logits[..., EOS] += eos_bias
+        self.table = logits
+        self.last_step = [-1] * sentences
+
+    def encode(self, src, src_mask):
+        return torch.arange(src.shape[0])
+
+    def init_state(self, memory):
+        return memory, 0
+
+    def decode_step(self, prev_tokens, state):
+        rows, t = state
+        for i in rows.tolist():
+            self.last_step[i] = t
+        return self.table[rows, t, prev_tokens], (rows, t + 1)
+
+    def reorder_state(self, state, index):
+        return state[0][index], state[1]
+
+
+def beam_to_the_limit(model: StepTable, i: int, max_len: int, K: int, lp: float, nbest: int):
+    """Steps 1-3 of ``beam_search`` for sentence i, written plainly, without the early stop of step 4:
+    it decodes to max_len. -> [(tokens, score)] of its n best, as ``beam``."""
+    beams = [(torch.tensor(0.0), [])]  # (summed fp32 log-probability, ids)
+    finished = []  # (score, ids), in the order found
+    for t in range(max_len):
+        cand = []
+        for log_p, ids in beams:
+            row = torch.log_softmax(model.table[i, t, ids[-1] if ids else BOS].float(), dim=-1)
+            cand += [(log_p + row[y], ids + [y]) for y in range(model.W)]
+        top = sorted(cand, key=lambda c: -float(c[0]))[: 2 * K]
+        finished += [(float(s) / (t + 1) ** lp, ids) for s, ids in top[:K] if ids[-1] == EOS]
+        beams = [c for c in top if c[1][-1] != EOS][:K]
+    finished += [(float(s) / max_len**lp, ids) for s, ids in beams]
+    finished.sort(key=lambda h: -h[0])
+    return [(ids[:-1] if ids[-1] == EOS else ids, score) for score, ids in finished[:nbest]]
+
+
+def test_the_early_stop_loses_nothing_with_length_penalty_0_only():
+    """Step 4 stops a sentence once its best live beam's score so far cannot beat the K-th finished.
+    With length_penalty 0 that is exact: the n-best equal those of the same search decoding every
+    sentence to its limit. With 1.0 a longer continuation can still win, and sometimes does."""
+    n, K = 120, 3
+    src = torch.tensor([[5, EOS]] * n)
+    mask = src != PAD
+    limits = torch.tensor([6 + i % 7 for i in range(n)])  # 6..12
+    for lp in (0.0, 1.0):
+        model = StepTable(n, 12, eos_bias=0.5)
+        out = beam_search(model, src, mask, limits, K, lp, BOS, EOS, nbest=K)
+        ours = [[(h.tokens, h.score(lp)) for h in hyps] for hyps in out]
+        early = [i for i in range(n) if model.last_step[i] < limits[i] - 1]
+        assert len(early) > n // 3  # the rule is exercised, not the limit
+        reference = [beam_to_the_limit(model, i, int(limits[i]), K, lp, K) for i in range(n)]
+        if lp == 0.0:
+            for mine, full in zip(ours, reference):
+                assert [ids for ids, _ in mine] == [ids for ids, _ in full]
+                assert [s for _, s in mine] == pytest.approx([s for _, s in full], abs=1e-5)
+        else:
+            gains = [full[0][1] - mine[0][1] for mine, full in zip(ours, reference)]
+            assert min(gains) > -1e-5  # decoding on only adds finished hypotheses
+            assert any(g > 1e-3 for g in gains)  # and with length_penalty 1 some beat the early stop's best
