@@ -1,8 +1,12 @@
 """Checkpoint averaging: the element-wise mean of the model weights of a run's last N
 training-state checkpoints (Vaswani et al., 2017, averaged the last 5 or 20; fairseq, OpenNMT-py
 and Marian all offer it). The average is scored on dev like any validation and kept as
-``checkpoints/average_last_N.pt`` (weights only, checksummed, written atomically); translation
-uses it by default where its dev BLEU beats the best single checkpoint's.
+``checkpoints/average_last_N.pt``, N the number of checkpoints it averages (weights only,
+checksummed, written atomically; ``index.json`` names it); translation uses it by default where its
+dev BLEU beats the best single checkpoint's.
+
+A run that ends with fewer checkpoints than ``train.average_last`` (it validated fewer times)
+averages the ones it has, from 2 on; ``nmt average --last N`` asks for exactly N.
 """
 
 from __future__ import annotations
@@ -58,6 +62,38 @@ def dev_scorer(translator, cfg: Config, dev_src: list[str], dev_trg: list[str]) 
     return score
 
 
+def _why_fewer(cfg: Config, last: int) -> str:
+    """What bounds the run's training-state checkpoints below ``last``."""
+    if cfg.train.keep_last < last:
+        return f"the run keeps train.keep_last {cfg.train.keep_last} (raise it before training)"
+    return f"one is written per validation, every train.validate_every {cfg.train.validate_every} updates"
+
+
+def checkpoints_to_average(
+    run: RunDir, cfg: Config, last: int, log: Callable[[str], None], fewer_ok: bool
+) -> list[checkpoint.CheckpointInfo]:
+    """The run's last ``last`` training-state checkpoints, newest first. With ``fewer_ok`` (the end
+    of training: the run validated fewer times) the ones there are, with a warning, and none where
+    there is only one; else fewer is an error."""
+    found = checkpoint.list_checkpoints(run.checkpoint_dir, "update")[:last]
+    if len(found) >= last:
+        return found
+    if not fewer_ok:
+        raise NMTError(
+            f"{run.path}: {len(found)} training-state checkpoint(s) exist, {last} asked for; {_why_fewer(cfg, last)}"
+        )
+    updates = ", ".join(str(info.update) for info in reversed(found)) or "none"
+    have = (
+        f"warning: train.average_last {last}, but the run has {len(found)} training-state checkpoint(s) "
+        f"(updates {updates}; {_why_fewer(cfg, last)})"
+    )
+    if len(found) < 2:
+        log(f"{have}: nothing to average, skipped")
+        return []
+    log(f"{have}: averaging those {len(found)}")
+    return found
+
+
 def average_last(
     run: RunDir,
     cfg: Config,
@@ -65,18 +101,17 @@ def average_last(
     model: Seq2Seq,
     score: Callable[[Seq2Seq], float],
     log: Callable[[str], None],
+    fewer_ok: bool = False,
 ) -> tuple[float, float] | None:
     """Average the run's last ``last`` training-state checkpoints into a copy of ``model``, score it
-    with ``score`` (dev BLEU) and keep it; returns (its score, the best single checkpoint's), or
-    None where that very average exists already."""
+    with ``score`` (dev BLEU) and keep it as ``average_last_K.pt``, K the number averaged; returns
+    (its score, the best single checkpoint's), or None where that very average exists already or
+    (``fewer_ok``, see ``checkpoints_to_average``) there is nothing to average."""
     if not run.writable:
         raise RuntimeError("averaging writes into the run: open it for writing first")
-    found = checkpoint.list_checkpoints(run.checkpoint_dir, "update")[:last]
-    if len(found) < last:
-        raise NMTError(
-            f"{run.path}: {len(found)} training-state checkpoint(s) to average, {last} asked for; "
-            f"the run keeps train.keep_last {cfg.train.keep_last} (raise it before training)"
-        )
+    found = checkpoints_to_average(run, cfg, last, log, fewer_ok)
+    if not found:
+        return None
     updates = [info.update for info in reversed(found)]  # oldest first
     manager = run.checkpoints(cfg)
     best = manager.best_score()
@@ -90,7 +125,7 @@ def average_last(
     averaged = copy.deepcopy(model)
     averaged.load_state_dict(average_weights([p["model"] for p in payloads]))
     bleu = score(averaged)
-    name = f"average_last_{last}.pt"
+    name = f"average_last_{len(found)}.pt"
     payload = {"model": averaged.state_dict()}
     if "fingerprint" in payloads[-1]:
         payload["fingerprint"] = payloads[-1]["fingerprint"]

@@ -390,11 +390,13 @@ class Trainer:
 
     def average(self) -> None:
         """``train.average_last``: the mean of the last N checkpoints, scored on dev and kept; it
-        becomes the model translation uses where its dev BLEU beats the best single one (rank 0)."""
+        becomes the model translation uses where its dev BLEU beats the best single one (rank 0).
+        A run that validated fewer than N times averages what it has (a warning), from 2 on."""
         if not self.world.is_main:
             return
         score = dev_scorer(self.translator, self.cfg, self.data.dev_src, self.data.dev_trg)
-        scores = average_last(self.run, self.cfg, self.cfg.train.average_last, self.model, score, self.log)
+        last = self.cfg.train.average_last
+        scores = average_last(self.run, self.cfg, last, self.model, score, self.log, fewer_ok=True)
         if scores is not None:
             record = {"type": "average", "update": self.progress.update, "dev_bleu": scores[0], "best_bleu": scores[1]}
             self.write_metrics(record)

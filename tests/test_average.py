@@ -83,7 +83,8 @@ def test_nmt_average_command_and_its_errors(run, capsys):
     assert "average of updates 30, 40: dev BLEU" in err
     assert (run / "run" / "checkpoints" / "average_last_2.pt").exists()
     assert main(["average", "--model", str(run / "run"), "--last", "5"]) == 2
-    assert "3 training-state checkpoint(s) to average, 5 asked for" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 training-state checkpoint(s) exist, 5 asked for; the run keeps train.keep_last 3" in err
     lock = RunLock(run / "run" / "train.lock")
     lock.acquire(run / "run", print)
     try:
@@ -98,3 +99,48 @@ def test_average_last_needs_the_checkpoints_kept(tmp_path):
     values["train"].update(average_last=4, keep_last=2)
     with pytest.raises(NMTError, match="train.average_last': 4 needs train.keep_last >= 4"):
         config_from_dict(values)
+
+
+def test_a_run_with_fewer_checkpoints_than_average_last_averages_those_it_has(tmp_path, capsys):
+    # Two validations (updates 10 and 20) for average_last 5: the run ends normally with their average.
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10, keep_last=5, average_last=5)
+    assert main(["train", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "train.average_last 5, but the run has 2 training-state checkpoint(s) (updates 10, 20;" in err
+    assert "averaging those 2" in err and "best dev BLEU" in err
+    directory = tmp_path / "run" / "checkpoints"
+    index = json.loads((directory / "index.json").read_text())
+    assert index["average"]["file"] == "average_last_2.pt" and index["average"]["updates"] == [10, 20]
+    assert (
+        main(
+            [
+                "translate",
+                "--model",
+                str(tmp_path / "run"),
+                "-i",
+                str(tmp_path / "data" / "train.de"),
+                "--checkpoint",
+                "average",
+            ]
+        )
+        == 0
+    )
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 0  # finished: the same average, not made again
+    err = capsys.readouterr().err
+    assert "exists already" in err and "best dev BLEU" in err
+    # By hand, N is what was asked for: the error says how many exist, not keep_last (which is 5).
+    assert main(["average", "--model", str(tmp_path / "run"), "--last", "5"]) == 2
+    err = capsys.readouterr().err
+    assert "2 training-state checkpoint(s) exist, 5 asked for; one is written per validation" in err
+    assert "keep_last" not in err
+
+
+def test_a_run_with_one_checkpoint_skips_averaging(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=5, validate_every=10, warmup_updates=2, average_last=2)
+    assert main(["train", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    assert "the run has 1 training-state checkpoint(s) (updates 5;" in err and "nothing to average, skipped" in err
+    assert "best dev BLEU" in err
+    index = json.loads((tmp_path / "run" / "checkpoints" / "index.json").read_text())
+    assert "average" not in index
