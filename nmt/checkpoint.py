@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
 import re
 import zipfile
 from collections.abc import Callable
@@ -86,6 +87,13 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
     return payload
 
 
+def best_rank(bleu: float, loss: float | None) -> tuple[float, float]:
+    """How validations rank for the best checkpoint and for patience: the higher dev BLEU, and at
+    equal BLEU the lower dev loss (early in training BLEU ties at 0 while the loss falls). A loss not
+    recorded (an earlier version) ranks as infinite."""
+    return bleu, -(math.inf if loss is None else loss)
+
+
 @dataclass
 class CheckpointInfo:
     path: Path
@@ -102,6 +110,11 @@ def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
             if m and m.group(1) == kind:
                 found.append(CheckpointInfo(p, kind, int(m.group(2))))
     return sorted(found, key=lambda c: c.update, reverse=True)
+
+
+def _rank(entry: dict) -> tuple[float, float]:
+    """``best_rank`` of an index entry."""
+    return best_rank(entry["score"], entry.get("loss"))
 
 
 def _remove(path: Path) -> None:
@@ -140,17 +153,21 @@ class CheckpointManager:
             _remove(old.path)
         return path
 
-    def save_best(self, payload: dict, update: int, score: float) -> bool:
-        """Save if ``score`` ranks among the best N; returns whether it was kept."""
+    def save_best(self, payload: dict, update: int, score: float, loss: float | None = None) -> bool:
+        """Save if ``score`` (dev BLEU) and ``loss`` (dev loss) rank among the best N (``best_rank``);
+        returns whether it was kept."""
         index = self.read_index()
         name = f"best_{update:08d}.pt"
         # A run resumed from an older state validates again at updates whose best checkpoint the
         # interrupted attempt already wrote: that entry is replaced, never counted twice.
         best = [b for b in index.get("best", []) if b["file"] != name and (self.directory / b["file"]).exists()]
-        if len(best) >= self.keep_best and score <= min(b["score"] for b in best):
+        entry = {"file": name, "score": score, "update": update}
+        if loss is not None and math.isfinite(loss):
+            entry["loss"] = loss
+        if len(best) >= self.keep_best and _rank(entry) <= min(map(_rank, best)):
             return False
         save(payload, self.directory / name)
-        best = sorted(best + [{"file": name, "score": score, "update": update}], key=lambda b: -b["score"])
+        best = sorted(best + [entry], key=_rank, reverse=True)
         kept, dropped = best[: self.keep_best], best[self.keep_best :]
         atomic_write_bytes(self.index_path, json.dumps({**index, "best": kept}, indent=1).encode())
         for b in dropped:
@@ -167,7 +184,7 @@ class CheckpointManager:
         return path
 
     def best_path(self) -> Path | None:
-        """The best single checkpoint by dev score."""
+        """The best single checkpoint (the index is kept in ``best_rank`` order)."""
         for b in self.read_index().get("best", []):
             path = self.directory / b["file"]
             if path.exists():

@@ -58,9 +58,10 @@ class TrainConfig:
     validate_every: int = 1000  # updates
     validate_beam_size: int = 1  # 1: greedy dev BLEU, cheap
     validate_max_sentences: int | None = None  # score dev BLEU on a prefix of the dev set
-    patience: int | None = None  # validations without a new best before stopping
+    # validations without a new best before stopping; best: higher dev BLEU, or equal with a lower dev loss
+    patience: int | None = None
     keep_last: int = 2  # training-state checkpoints kept (one per validation)
-    keep_best: int = 1
+    keep_best: int = 1  # best checkpoints kept, ranked as patience ranks validations
     average_last: int | None = None  # at the end, average the last N checkpoints; kept where dev says it helps
     log_every: int = 50
     tensorboard: bool = False  # also write the metrics as TensorBoard events (pip install 'nmt[tensorboard]')

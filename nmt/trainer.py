@@ -57,6 +57,7 @@ class Progress:
     epoch_batches: int = 0  # batches in this epoch's plan (0: not known, a checkpoint of an earlier version)
     best_bleu: float = -1.0
     best_update: int = 0
+    best_loss: float = math.inf  # dev loss of the best validation: breaks BLEU ties (inf: an earlier version's)
     bad_validations: int = 0  # validations since the last new best (early stopping)
     nonfinite_in_row: int = 0
     skipped_updates: int = 0
@@ -340,7 +341,7 @@ class Trainer:
         every rank then shares the verdict (best score, patience). Returns rank 0's record."""
         record = self._validate_here() if self.world.is_main else None
         if self.world.enabled:
-            keys = ("best_bleu", "best_update", "bad_validations", "last_validated")
+            keys = ("best_bleu", "best_loss", "best_update", "bad_validations", "last_validated")
             shared = distributed.broadcast({k: getattr(self.progress, k) for k in keys}, self.world)
             for key, value in shared.items():
                 setattr(self.progress, key, value)
@@ -360,9 +361,9 @@ class Trainer:
             self.log(f"validation at update {p.update} failed ({type(e).__name__}: {first}); checkpoint written")
             raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
-        is_best = bleu > p.best_bleu
+        is_best = checkpoint.best_rank(bleu, dev_loss) > checkpoint.best_rank(p.best_bleu, p.best_loss)
         if is_best:
-            p.best_bleu, p.best_update, p.bad_validations = bleu, p.update, 0
+            p.best_bleu, p.best_loss, p.best_update, p.bad_validations = bleu, dev_loss, p.update, 0
         else:
             p.bad_validations += 1
         p.last_validated = p.update
@@ -384,7 +385,7 @@ class Trainer:
         )
         if is_best:
             payload = {"model": self.model.state_dict(), "progress": asdict(p), **self._fingerprint()}
-            self.checkpoints.save_best(payload, p.update, bleu)
+            self.checkpoints.save_best(payload, p.update, bleu, dev_loss)
         self.save()
         return record
 

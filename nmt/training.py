@@ -61,7 +61,10 @@ def stop_reason(t: TrainConfig, p: Progress) -> str | None:
     if t.max_minutes is not None and p.elapsed_seconds >= t.max_minutes * 60:
         return f"reached train.max_minutes {t.max_minutes}"
     if t.patience is not None and p.bad_validations >= t.patience:
-        return f"no improvement in {t.patience} validations (train.patience)"
+        return (
+            f"no improvement in {t.patience} validations (train.patience: no higher dev BLEU, "
+            "nor an equal one with a lower dev loss)"
+        )
     return None
 
 

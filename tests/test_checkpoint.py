@@ -89,6 +89,17 @@ def test_manager_keeps_last_k_and_best_n(tmp_path):
     assert m.best_path().name == "best_00000002.pt"
 
 
+def test_best_checkpoints_rank_equal_bleu_by_the_lower_dev_loss(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    assert m.save_best(payload(1.0), 1, score=10.0)  # an earlier version's entry: no loss recorded
+    assert m.save_best(payload(2.0), 2, score=10.0, loss=3.0)
+    assert m.save_best(payload(3.0), 3, score=10.0, loss=2.0)
+    assert not m.save_best(payload(4.0), 4, score=10.0, loss=2.5)
+    assert not m.save_best(payload(5.0), 5, score=9.0, loss=0.5)  # BLEU first
+    assert [b["file"] for b in m.read_index()["best"]] == ["best_00000003.pt"]
+    assert m.best_path().name == "best_00000003.pt"
+
+
 @pytest.mark.parametrize("keep_best", [1, 2])
 def test_a_best_checkpoint_saved_again_after_a_resume_is_kept(tmp_path, keep_best):
     # An attempt wrote best_2 and was killed before its training state; the resumed run validates

@@ -91,3 +91,38 @@ def test_records_number_an_epoch_s_last_update_with_that_epoch(tmp_path):
     assert epochs.count(1) == epochs.count(2)  # the same data, the same number of batches
     [final] = [r for r in records if r["type"] == "valid"]
     assert final["epoch"] == 2 and final["update"] == train[-1]["update"]
+
+
+def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(tmp_path, monkeypatch):
+    # Early in training BLEU ties at 0 while the dev loss falls: that is progress, not a bad validation.
+    import nmt.trainer
+    from nmt import checkpoint
+    from nmt.training import stop_reason
+
+    losses = iter([5.2, 4.8, 4.5, 4.5, 4.7])
+    monkeypatch.setattr(nmt.trainer, "evaluate_loss", lambda *args: next(losses))
+    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg: (0.0, ["" for _ in src]))
+    trainer = make_trainer(tmp_path, patience=2, warmup_updates=1)
+    p, t = trainer.progress, trainer.cfg.train
+    verdicts = []
+    for _ in range(5):
+        trainer.train_step([trainer.epoch_plan()[0]])
+        trainer.validate()
+        verdicts.append((p.bad_validations, stop_reason(t, p)))
+    assert [bad for bad, _ in verdicts] == [0, 0, 0, 1, 2]
+    assert [reason is None for _, reason in verdicts] == [True] * 4 + [False]
+    assert (p.best_update, p.best_loss) == (3, 4.5)
+    manager = trainer.checkpoints
+    assert manager.best_path().name == "best_00000003.pt"
+    assert manager.read_index()["best"] == [{"file": "best_00000003.pt", "score": 0.0, "update": 3, "loss": 4.5}]
+    trainer.close()
+    assert checkpoint.best_rank(1.0, 9.0) > checkpoint.best_rank(0.0, 1.0)  # BLEU first
+
+
+def test_a_progress_of_an_earlier_version_has_no_best_loss_yet():
+    import math
+
+    from nmt.trainer import Progress
+
+    old = Progress.from_dict({"update": 40, "best_bleu": 12.5, "best_update": 30, "bad_validations": 1})
+    assert old.best_loss == math.inf and old.best_bleu == 12.5
