@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.corpus import CorpusConfig, anchor_corpus, hf_keys_changed, resolve_format
+from nmt.corpus import CorpusConfig, anchor_corpus, check_saved_split, hf_keys_changed, resolve_format
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
 from nmt.schema import Schema
@@ -307,9 +307,9 @@ def _check_consistency(cfg: Config) -> None:
 
 
 def _check_corpus_formats(cfg: Config) -> None:
-    """A Hugging Face dataset's keys on a plain or TSV corpus would be ignored: an error. Saved
-    configs list every key, so only a value other than the default counts. Needs anchored paths:
-    format auto is resolved on the files."""
+    """A Hugging Face dataset's keys on a plain or TSV corpus would be ignored: an error, as is a
+    split asked of a saved dataset without splits. Saved configs list every key, so only a value
+    other than the default counts. Needs anchored paths: format auto is resolved on the files."""
     d = cfg.data
     for split in ("train", "dev", "test"):
         spec = getattr(d, split)
@@ -325,6 +325,7 @@ def _check_corpus_formats(cfg: Config) -> None:
                 f"config key 'data.{split}.{changed[0]}': applies to Hugging Face datasets (format hf) only, "
                 f"not to this {fmt} corpus"
             )
+        check_saved_split(spec, f"data.{split}.split")
 
 
 def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) -> Config:

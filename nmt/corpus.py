@@ -267,10 +267,25 @@ def _local_error(path: Path, error: BaseException) -> NMTError:
     return NMTError(f"{path}: cannot load as a dataset: {_first_line(error)}")
 
 
+def check_saved_split(spec: CorpusConfig, key: str = "split") -> None:
+    """A split other than the default asked of a directory ``save_to_disk`` wrote from one Dataset
+    (not a DatasetDict) would be ignored, the one dataset read whatever its split: an error naming
+    ``key``, the corpus's ``split`` key."""
+    local = Path(spec.path)
+    single = (local / "state.json").is_file() and not (local / "dataset_dict.json").exists()
+    if spec.split == CorpusConfig.split or not single:
+        return
+    raise NMTError(
+        f"config key '{key}': split '{spec.split}', but {local} holds one dataset without splits "
+        "(save_to_disk of a Dataset, not a DatasetDict): remove the key, or name that split's own directory"
+    )
+
+
 def _load_saved(path: Path, spec: CorpusConfig) -> Any:
     """A dataset written by ``save_to_disk``: Arrow files, memory-mapped, so already streamable."""
     import datasets
 
+    check_saved_split(spec)
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):
         if spec.split not in loaded:

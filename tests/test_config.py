@@ -456,12 +456,25 @@ def test_hugging_face_keys_on_a_plain_or_tsv_corpus_are_errors(tmp_path, monkeyp
     monkeypatch.chdir(tmp_path)
     for name in ("a.de", "a.en", "b.de", "b.en", "c.tsv"):
         (tmp_path / name).write_text("x\n")
-    datasets.Dataset.from_dict({"de": ["x"], "en": ["y"]}).save_to_disk(str(tmp_path / "ds"))
+    split = datasets.Dataset.from_dict({"de": ["x"], "en": ["y"]})
+    datasets.DatasetDict({"train": split, "validation": split}).save_to_disk(str(tmp_path / "ds"))
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n")
     for corpus, fmt in (("a", "plain"), ("c.tsv", "tsv"), ("{path: a, format: plain}", "plain")):
         with pytest.raises(NMTError, match=f"config key 'data.train.{key}': applies to Hugging Face datasets .* {fmt}"):
             load_config(path, [f"data.train={corpus}", f"data.train.{key}={value}"])
     assert getattr(load_config(path, ["data.train=ds", f"data.train.{key}={value}"]).data.train, key) == value
+
+
+def test_a_split_of_a_saved_dataset_without_splits_is_an_error_naming_the_key(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.de", "a.en"):
+        (tmp_path / name).write_text("x\n")
+    datasets.Dataset.from_dict({"de": ["x"], "en": ["y"]}).save_to_disk(str(tmp_path / "single"))
+    path = write(tmp_path, "data: {train: a, dev: {path: single, split: validation}}\ntrain: {max_minutes: 5}\n")
+    with pytest.raises(NMTError, match="config key 'data.dev.split': split 'validation', but .*single holds one"):
+        load_config(path)
+    assert load_config(path, ["data.dev.split=train"]).data.dev.split == "train"
 
 
 def test_hugging_face_keys_at_their_defaults_are_accepted_on_any_corpus(tmp_path):

@@ -242,6 +242,19 @@ def test_hf_saved_dataset_dict_with_language_columns(tmp_path):
     assert "'test'" in _one_line(err) and "validation" in str(err.value)
 
 
+def test_hf_split_of_a_saved_dataset_without_splits_is_an_error(tmp_path):
+    # save_to_disk of a Dataset (not a DatasetDict) has no splits: 'validation' would read the one there is.
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"de": DE, "en": EN}).save_to_disk(str(tmp_path / "single"))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "single"), split="train"), "de", "en") == (DE, EN)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "single"), split="validation"), "de", "en")
+    assert _one_line(err) == (
+        f"config key 'split': split 'validation', but {tmp_path / 'single'} holds one dataset without splits "
+        "(save_to_disk of a Dataset, not a DatasetDict): remove the key, or name that split's own directory"
+    )
+
+
 def test_hf_named_columns_and_missing_column(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"source": DE, "target": EN}).save_to_disk(str(tmp_path / "ds"))
