@@ -394,6 +394,13 @@ def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
     if _is_tsv(path):
         return "tsv"
     if Path(path).is_dir():
+        # PREFIX.SRC beside a directory PREFIX: which one is the corpus is not ours to guess.
+        files = [str(f) for lang in (src_lang, trg_lang) if (f := _existing_plain_file(path, lang)) is not None]
+        if files:
+            raise NMTError(
+                f"{path}: both plain files ({', '.join(files)}) and a directory of that name exist: "
+                "set the corpus's format: plain (the files) or format: hf (the directory)"
+            )
         return "hf"
     if _existing_plain_file(path, src_lang) is not None:
         return "plain"

@@ -90,8 +90,9 @@ def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
     path = Path(spec.path)
     if path.is_file():
         return [path]
-    found = _dataset_files(path) if path.is_dir() else []
-    return found + [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
+    found = _dataset_files(path) if path.is_dir() and spec.format != "plain" else []
+    plain = [] if spec.format == "hf" else [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
+    return found + plain
 
 
 def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
@@ -141,7 +142,8 @@ def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
     """``error`` naming the training file(s) it is about, and those that seem to use CR line endings."""
     d = cfg.data
     langs = (d.src_lang, d.trg_lang) if error.side is None else ((d.src_lang, d.trg_lang)[error.side],)
-    files = [] if Path(d.train.path).is_dir() else corpus_files(d.train, *langs)  # a dataset: its key
+    dataset = Path(d.train.path).is_dir() and d.train.format != "plain"
+    files = [] if dataset else corpus_files(d.train, *langs)  # a dataset: its key
     where = ", ".join(map(str, files)) or f"config key 'data.train' ({d.train.path})"
     cr = [
         f"; {f} seems to use CR line endings (old Mac), so it reads as one line" for f in files if has_cr_line_ends(f)

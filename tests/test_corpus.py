@@ -176,6 +176,30 @@ def test_missing_target_side_names_file(tmp_path):
     assert str(tmp_path / "c.en") in _one_line(err)
 
 
+def test_auto_plain_files_beside_a_directory_of_the_prefix_are_ambiguous(tmp_path, capsys):
+    from nmt.cli import main
+
+    (tmp_path / "c2").mkdir()
+    _write(tmp_path / "c2" / "train.de", DE)
+    _write(tmp_path / "c2" / "train.en", EN)
+    (tmp_path / "c2" / "train").mkdir()
+    prefix = str(tmp_path / "c2" / "train")
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=prefix), "de", "en")
+    assert _one_line(err) == (
+        f"{prefix}: both plain files ({prefix}.de, {prefix}.en) and a directory of that name exist: "
+        "set the corpus's format: plain (the files) or format: hf (the directory)"
+    )
+    assert read_parallel(CorpusConfig(path=prefix, format="plain"), "de", "en") == (DE, EN)
+    # The same in training: one line, exit 2, before anything is trained; format plain trains.
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    (tmp_path / "data" / "train").mkdir()
+    assert main(["train", "--config", str(config)]) == 2
+    assert "train: both plain files" in capsys.readouterr().err
+    plain = [arg for split in ("train", "dev", "test") for arg in ("--set", f"data.{split}.format=plain")]
+    assert main(["train", "--config", str(config), *plain]) == 0
+
+
 def test_auto_missing_path_like_prefix(tmp_path):
     prefix = str(tmp_path / "nothing")
     with pytest.raises(NMTError) as err:
