@@ -42,8 +42,9 @@ def final_model(run_dir: Path):
     return latest.update, checkpoint.load(latest.path)["model"]
 
 
-# One thread and one product library: ``auto`` does not cache what it measured on a busy machine, so
-# two runs may choose others, and sums over other thread counts or by another library round differently.
+# One thread, one product library and one attention kernel: ``auto`` does not cache what it measured on a
+# busy machine, so two runs may choose others, and sums over other thread counts, by another library or
+# another kernel round differently.
 SETTINGS = [
     "model.dropout=0.1",
     "train.max_updates=400",
@@ -51,6 +52,7 @@ SETTINGS = [
     "train.max_tokens=128",
     "train.threads=1",
     "train.fp32_matmul=blas",
+    "train.attention=sdpa",
 ]
 
 

@@ -22,9 +22,10 @@ def final_weights(run_dir):
 def test_stop_and_resume_equals_uninterrupted(tmp_path, library):
     # Dropout on, so the random-number state must be restored too; several epochs, so the
     # data order of a later epoch must continue as it would have.
-    # One thread and one product library in both: ``auto`` measured on a busy machine may choose
-    # others for each run, and sums over other thread counts or by another library round differently.
+    # One thread, one product library and one attention kernel in both: ``auto`` measured on a busy
+    # machine may choose others for each run, and sums over other choices round differently.
     overrides = ["--set", "model.dropout=0.1", "--set", "train.threads=1", "--set", f"train.fp32_matmul={library}"]
+    overrides += ["--set", "train.attention=sdpa"]
     straight = tiny_config(tmp_path / "a", max_updates=40, validate_every=10, max_tokens=128)
     assert main(["train", "--config", str(straight), *overrides]) == 0
     resumed = tiny_config(tmp_path / "b", max_updates=40, validate_every=10, max_tokens=128)
