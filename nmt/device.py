@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
+from nmt import testhooks
 from nmt.errors import NMTError
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -126,15 +127,24 @@ def precision_candidates(device_type: str, bf16_available: bool) -> list[str]:
     return ["fp32"] + lower
 
 
+def precision_problem(name: str, device_type: str, bf16_available: bool) -> str | None:
+    """Why precision ``name`` cannot run on this device, or None where it can (``auto`` always can)."""
+    if name == "fp16" and device_type == "cpu" and not testhooks.fp16_on_cpu():
+        return "fp16 is for GPUs"
+    if name == "bf16" and not bf16_available:
+        where = "this GPU (no bf16 units)" if device_type == "cuda" else "this CPU (no AVX-512, so no bf16 kernels)"
+        return f"bf16 is not available on {where}"
+    return None
+
+
 def check_precision(
     name: str, device_type: str, bf16_available: bool, key: str = "config key 'train.precision'"
 ) -> None:
     """Refuse, naming the key, a precision asked for by name that cannot run on this device."""
-    if name == "fp16" and device_type == "cpu":
-        raise NMTError(f"{key}: fp16 is for GPUs; use bf16, fp32 or auto on a CPU")
-    if name == "bf16" and not bf16_available:
-        where = "this GPU (no bf16 units)" if device_type == "cuda" else "this CPU (no AVX-512, so no bf16 kernels)"
-        raise NMTError(f"{key}: bf16 is not available on {where}; use fp32 or auto")
+    problem = precision_problem(name, device_type, bf16_available)
+    if problem is not None:
+        advice = "use bf16, fp32 or auto on a CPU" if name == "fp16" else "use fp32 or auto"
+        raise NMTError(f"{key}: {problem}; {advice}")
 
 
 def bf16_available(device: torch.device) -> bool:

@@ -8,6 +8,9 @@
 - ``NMT_TEST_HOLD_SHARD=N:FILE``: the encoding of training shard N writes its process id to FILE,
   then never ends
   (the tests that interrupt a data preparation while its workers encode).
+- ``NMT_TEST_FP16_ON_CPU=1``: fp16 counts as runnable on a CPU (torch has fp16 autocast and a
+  GradScaler there), so tests run the fp16 training path, loss scaling included, without a GPU.
+  Users keep the rule that fp16 needs one.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from pathlib import Path
 KILL_BEFORE_RENAME = "NMT_TEST_KILL_BEFORE_RENAME"
 PARAM_DIGESTS = "NMT_TEST_PARAM_DIGESTS"
 HOLD_SHARD = "NMT_TEST_HOLD_SHARD"
+FP16_ON_CPU = "NMT_TEST_FP16_ON_CPU"
 
 before_rename: Callable[[Path], None] | None = None  # set by in-process tests
 _state_writes = 0  # training-state checkpoints written by this process, for KILL_BEFORE_RENAME
@@ -59,3 +63,8 @@ def encoding_shard(index: int) -> None:
         Path(marker).write_text(str(os.getpid()))
         while True:
             time.sleep(1)
+
+
+def fp16_on_cpu() -> bool:
+    """Whether tests have let fp16 run on a CPU (FP16_ON_CPU)."""
+    return os.environ.get(FP16_ON_CPU) == "1"

@@ -321,6 +321,7 @@ class Trainer:
     def _skip_nonfinite(self) -> None:
         p, limit = self.progress, self.cfg.train.max_nonfinite
         self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()  # fp16: unscale_ ran; the next update's unscale_ raises unless this one is ended
         p.nonfinite_in_row += 1
         p.skipped_updates += 1
         self.log(f"update {p.update + 1}: non-finite loss or gradient norm, skipped ({p.nonfinite_in_row} in a row)")

@@ -7,6 +7,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
+from nmt import testhooks
 from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.rundir import RunDir
@@ -52,6 +53,27 @@ def test_non_finite_updates_are_skipped_then_stop(tmp_path):
     assert not trainer.optimizer.state  # no moment estimates were taken from the poisoned gradient
     with pytest.raises(NMTError, match="diverged: 2 non-finite updates in a row"):
         trainer.train_step([rows])
+
+
+def fp16_trainer(tmp_path: Path, monkeypatch, **train) -> Trainer:
+    """A trainer on the fp16 path (autocast and GradScaler), which torch also has on a CPU."""
+    monkeypatch.setenv(testhooks.FP16_ON_CPU, "1")
+    kernels = {"attention": "sdpa", "threads": 1, "fp32_matmul": "blas"}  # nothing to measure
+    return make_trainer(tmp_path, precision="fp16", **kernels, **train)
+
+
+def test_fp16_a_non_finite_loss_is_skipped_and_the_next_update_runs(tmp_path, monkeypatch):
+    trainer = fp16_trainer(tmp_path, monkeypatch)
+    assert trainer.scaler.is_enabled()
+    rows = list(range(8))
+    healthy = trainer.model.trg_embed.weight[5].detach().clone()
+    with torch.no_grad():
+        trainer.model.trg_embed.weight[5] = float("nan")
+    assert trainer.train_step([rows]) is None
+    with torch.no_grad():
+        trainer.model.trg_embed.weight[5] = healthy
+    assert trainer.train_step([rows]) is not None  # once raised: unscale_() already called since update()
+    assert trainer.progress.update == 1
 
 
 def test_public_api_trains_validates_and_saves(tmp_path):
