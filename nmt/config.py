@@ -74,7 +74,7 @@ class TrainConfig:
     device: Literal["auto", "cpu", "cuda"] = "auto"
     cpu_fallback: bool = False  # device 'cuda' without a GPU: run on CPU with a warning instead of failing
     compile: bool = False
-    max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping
+    max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping (fp16 overflows: see trainer)
 
 
 @dataclass

@@ -36,6 +36,10 @@ from nmt.schedule import learning_rate
 from nmt.signals import Interrupted
 from nmt.translate import Translator
 
+# fp16 stops when its loss scale falls below this (fairseq's min_loss_scale): from torch's initial
+# 65536, 30 overflows (the scale grows back only after 2000 good updates in a row).
+MIN_LOSS_SCALE = 1e-4
+
 
 def resumed_position(epoch: int, done: int, saved_batches: int, batches: int) -> tuple[int, int]:
     """(epoch, batch) to resume at when ``done`` of the epoch's ``saved_batches`` were consumed and
@@ -59,8 +63,8 @@ class Progress:
     best_update: int = 0
     best_loss: float = math.inf  # dev loss of the best validation: breaks BLEU ties (inf: an earlier version's)
     bad_validations: int = 0  # validations since the last new best (early stopping)
-    nonfinite_in_row: int = 0
-    skipped_updates: int = 0
+    nonfinite_in_row: int = 0  # against train.max_nonfinite; fp16 overflows are not counted here
+    skipped_updates: int = 0  # non-finite updates and fp16 overflows, over the whole run
     elapsed_seconds: float = 0.0  # wall time of training and validation over all sessions of the run
     trg_tokens: int = 0
     last_validated: int = -1
@@ -246,7 +250,7 @@ class Trainer:
     def train_step(self, group: list) -> dict | None:
         """Forward/backward over ``group`` (the update's batches as corpus index arrays, shared out
         among the ranks) and one optimizer step; returns the update's statistics, or None when it
-        was skipped as non-finite.
+        was skipped (a non-finite loss or gradient norm; in fp16 an overflow, which lowers the loss scale).
 
         The loss is summed over tokens and divided by the update's target-token count, so an
         update with accumulation, or over several ranks, equals one large batch.
@@ -287,7 +291,10 @@ class Trainer:
         loss_sum, nll_sum, grad_norm = torch.cat([sums, norm.float().reshape(1)]).tolist()
         src_tokens = sum(b.n_src_tokens for b in batches) * weight
         loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
-        if not (math.isfinite(loss_sum) and (math.isfinite(grad_norm) or self.scaler.is_enabled())):
+        if self.scaler.is_enabled() and not math.isfinite(grad_norm):
+            self._skip_overflow()
+            return None
+        if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             self._skip_nonfinite()
             return None
         self.scaler.step(self.optimizer)
@@ -317,6 +324,24 @@ class Trainer:
                     f"the vocabulary of {vocab}: the shard is damaged; delete that directory and train again to "
                     "encode the data anew"
                 )
+
+    def _skip_overflow(self) -> None:
+        """fp16: inf or NaN gradients at this loss scale. Not an update: the step, the schedule and the
+        counts stay, and the scaler halves the scale (unscale_ recorded the overflow), as it does now
+        and then while it finds the largest scale the gradients fit. A scale below MIN_LOSS_SCALE means
+        they overflow at any scale: the run has diverged."""
+        p = self.progress
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scaler.update()
+        p.skipped_updates += 1
+        scale = self.scaler.get_scale()
+        self.log(f"update {p.update + 1}: fp16 gradients overflowed, skipped; loss scale now {scale:g}")
+        if scale < MIN_LOSS_SCALE:
+            raise NMTError(
+                f"training diverged: the fp16 loss scale fell to {scale:.2g}, below {MIN_LOSS_SCALE:g}, so the "
+                "gradients overflow at any scale (lower train.lr_peak, raise train.warmup_updates, or set "
+                "train.precision to bf16 or fp32)"
+            )
 
     def _skip_nonfinite(self) -> None:
         p, limit = self.progress, self.cfg.train.max_nonfinite

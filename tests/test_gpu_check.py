@@ -73,3 +73,40 @@ def test_a_failing_bench_is_reported_as_a_row_not_a_crash(tmp_path, monkeypatch)
         "RuntimeError: Cannot find a working triton installation",
     )
     assert report.failed and "bench_compiled" not in report.figures
+
+
+def _falling(updates: int) -> list[float]:
+    return [8.0 - 6.0 * i / updates for i in range(updates)]
+
+
+def test_fp16_verdict_passes_calibration_and_fails_a_frozen_or_overflowing_run():
+    ok, text = gpu_check.fp16_verdict(_falling(100), 100, 65536.0 / 2**5, 5)  # calibrated down to 2048
+    assert ok and "loss scale 2048; 5 overflowing updates skipped" in text
+    assert not gpu_check.fp16_verdict(_falling(100), 100, 0.0, 5)[0]  # the scale collapsed
+    assert not gpu_check.fp16_verdict(_falling(100), 100, 0.5, 17)[0]  # more overflows than calibrating takes
+    assert not gpu_check.fp16_verdict(_falling(90), 100, 2048.0, 5)[0]  # not every update was made
+    assert not gpu_check.fp16_verdict([5.0] * 100, 100, 2048.0, 0)[0]  # the loss did not fall
+
+
+def test_fp16_check_reports_a_diverged_run_as_a_row_and_a_calibrated_one_as_passed(tmp_path, monkeypatch):
+    from types import SimpleNamespace
+
+    from nmt.errors import NMTError
+
+    message = "training diverged: the fp16 loss scale fell to 6.1e-05, below 0.0001 (...)"
+
+    def diverged(cfg):
+        raise NMTError(message)
+
+    monkeypatch.setattr(gpu_check, "train_run", diverged)
+    report = gpu_check.Report()
+    gpu_check.check_fp16(report, tmp_path, "cuda", 100)  # a crash here would lose the whole summary screen
+    assert report.rows == [("fp16 + GradScaler, 100 updates", "FAIL", message)]
+
+    scaler = SimpleNamespace(get_scale=lambda: 4096.0, is_enabled=lambda: True)
+    trainer = SimpleNamespace(scaler=scaler, progress=SimpleNamespace(skipped_updates=4))
+    records = [{"loss": loss} for loss in _falling(100)]
+    monkeypatch.setattr(gpu_check, "train_run", lambda cfg: (trainer, records, 1.0))
+    gpu_check.check_fp16(report, tmp_path, "cuda", 100)
+    assert report.rows[1][:2] == ("fp16 + GradScaler, 100 updates", "PASS")
+    assert "4 overflowing updates skipped" in report.rows[1][2]

@@ -1,6 +1,7 @@
 """The update itself: accumulation equals one large batch; non-finite updates are skipped."""
 
 import copy
+import math
 from pathlib import Path
 
 import pytest
@@ -8,9 +9,11 @@ import torch
 from conftest import tiny_config
 
 from nmt import testhooks
+from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.rundir import RunDir
+from nmt.schedule import learning_rate
 from nmt.trainer import Trainer
 
 
@@ -74,6 +77,67 @@ def test_fp16_a_non_finite_loss_is_skipped_and_the_next_update_runs(tmp_path, mo
         trainer.model.trg_embed.weight[5] = healthy
     assert trainer.train_step([rows]) is not None  # once raised: unscale_() already called since update()
     assert trainer.progress.update == 1
+
+
+def test_fp16_overflows_are_not_updates_and_stop_the_run_below_the_minimum_loss_scale(tmp_path, monkeypatch):
+    trainer = fp16_trainer(tmp_path, monkeypatch, max_nonfinite=1)
+    trainer.model.trg_embed.weight.register_hook(lambda grad: grad * float("inf"))  # overflows at any scale
+    start = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    rows = list(range(8))
+    for _ in range(29):  # 65536 halved 29 times is 1.2e-4, still above the minimum
+        assert trainer.train_step([rows]) is None
+    p = trainer.progress
+    assert (p.update, p.skipped_updates, p.trg_tokens, p.nonfinite_in_row) == (0, 29, 0, 0)
+    assert trainer.scaler.get_scale() == 65536.0 * 0.5**29
+    assert trainer.optimizer.param_groups[0]["lr"] == learning_rate(1, trainer.cfg.train, 0.0)  # schedule stays
+    assert not trainer.optimizer.state
+    for name, tensor in trainer.model.state_dict().items():
+        assert torch.equal(tensor, start[name]), name
+    with pytest.raises(NMTError, match=r"training diverged: the fp16 loss scale fell to 6.1e-05, below 0.0001"):
+        trainer.train_step([rows])
+
+
+def test_fp16_overflows_while_the_scale_calibrates_do_not_stop_the_run(tmp_path, monkeypatch):
+    trainer = fp16_trainer(tmp_path, monkeypatch, max_nonfinite=1)
+    calls = [0]
+
+    def overflow_three_times(grad):
+        calls[0] += 1
+        return grad * float("inf") if calls[0] <= 3 else grad
+
+    trainer.model.trg_embed.weight.register_hook(overflow_three_times)
+    results = [trainer.train_step([list(range(8))]) for _ in range(5)]
+    assert [r is None for r in results] == [True, True, True, False, False]
+    p = trainer.progress
+    assert (p.update, p.skipped_updates, p.nonfinite_in_row) == (2, 3, 0)
+    assert trainer.scaler.get_scale() == 65536.0 / 8
+    assert results[-1]["lr"] == learning_rate(2, trainer.cfg.train, 0.0)
+    assert all(math.isfinite(v) for v in results[-1].values())
+
+
+def test_fp16_divergence_ends_nmt_train_with_exit_2_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
+    """From the 4th training forward pass on the loss is inf (as an fp16 overflow in the forward makes
+    it): the loss scale backs off 30 times, then the run stops with one line; update 2's checkpoint stays."""
+    import nmt.trainer
+
+    monkeypatch.setenv(testhooks.FP16_ON_CPU, "1")
+    real, calls = nmt.trainer.teacher_forced_loss, [0]
+
+    def overflowing_loss(model, *args, **kwargs):
+        loss, nll = real(model, *args, **kwargs)
+        calls[0] += model.training
+        return (loss * float("inf"), nll) if model.training and calls[0] >= 4 else (loss, nll)
+
+    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", overflowing_loss)
+    settings = ["precision=fp16", "attention=sdpa", "threads=1", "fp32_matmul=blas", "validate_every=2"]
+    config = tiny_config(tmp_path, max_updates=20, warmup_updates=1)
+    assert main(["train", "--config", str(config), *[a for s in settings for a in ("--set", "train." + s)]]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "training diverged: the fp16 loss scale fell" in errors[0]
+    run = tmp_path / "run"
+    assert "update 4: fp16 gradients overflowed, skipped; loss scale now 32768" in (run / "train.log").read_text()
+    saved = [torch.load(path, weights_only=False) for path in (run / "checkpoints").glob("*.pt")]
+    assert [state["progress"]["update"] for state in saved if "optimizer" in state] == [2]
 
 
 def test_public_api_trains_validates_and_saves(tmp_path):
