@@ -13,7 +13,14 @@ import torch
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import DecodeConfig, check_beam_size
-from nmt.device import Precision, bf16_available, check_precision, prepare_cpu_process, select_device
+from nmt.device import (
+    Precision,
+    bf16_available,
+    check_precision,
+    precision_problem,
+    prepare_cpu_process,
+    select_device,
+)
 from nmt.errors import NMTError
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
@@ -217,9 +224,10 @@ def load_translator(
     """A run's checkpoint (``which``: see ``RunDir.model_checkpoint``), ready to translate.
 
     Precision, attention kernel, fp32 product library and threads are the run's ``train`` settings
-    (``precision_name`` overrides the first); where they say auto, the choice is the one ``nmt train``
-    measured and cached on this machine for this model, or is measured now the same way. Only reads
-    the run.
+    (``precision_name`` overrides the first; a run's precision this device cannot run, unlike one
+    given here, is taken as auto, with a warning); where they say auto, the choice is the one
+    ``nmt train`` measured and cached on this machine for this model, or is measured now the same
+    way. Only reads the run.
     """
     cfg = run.config()
     path = run.model_checkpoint(cfg, which)
@@ -227,16 +235,25 @@ def load_translator(
     device = select_device(device_name, key="--device")
     if device.type == "cpu":
         prepare_cpu_process()
+    bf16 = bf16_available(device)
     if precision_name is not None:
-        check_precision(precision_name, device.type, bf16_available(device), key="--precision")
+        check_precision(precision_name, device.type, bf16, key="--precision")
+    # The run's precision is only a runtime setting for decoding (checkpoints hold fp32 weights):
+    # one this device lacks (fp16 trained on a GPU, bf16 on a CPU with bf16 units) gives way to auto.
+    unusable = None if precision_name is not None else precision_problem(cfg.train.precision, device.type, bf16)
     payload = checkpoint.load(path)
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)
     model.load_state_dict(payload["model"])
-    request = autotune.Request.from_train(cfg.train, precision_name)
+    request = autotune.Request.from_train(cfg.train, "auto" if unusable else precision_name)
     choice = autotune.choose(
         request, cfg.model, trg_tok.vocab_size, cfg.train.max_tokens, cfg.data.max_len, device, log or _quiet
     )
+    if unusable:
+        (log or _print_warning)(
+            f"warning: the run's train.precision {cfg.train.precision} cannot run here ({unusable}): decoding in "
+            f"{choice.precision}, auto's choice on this machine"
+        )
     autotune.apply_threads(choice)
     if log is not None and choice.timings:
         log("auto: " + choice.describe())

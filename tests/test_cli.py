@@ -3,6 +3,7 @@ sacreBLEU's own numbers, and turn every kind of bad input into a one-line error.
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,6 +66,45 @@ def test_eval_bleu_scores_the_best_translation_of_a_run_whose_config_asks_for_nb
     assert code == 0, err
     assert json.loads(out)["bleu"] == pytest.approx(100.0)
     assert out_file.read_text().splitlines() == [t for _, t in PAIRS]
+
+
+@pytest.mark.parametrize("precision", ["fp16", "bf16"])
+def test_a_run_trained_in_a_precision_this_device_lacks_decodes_in_auto_with_one_warning(
+    trained_run, tmp_path, capsys, monkeypatch, precision
+):
+    """fp16 trained on a GPU, or bf16 on a CPU with bf16 units, then decoded on a CPU without it: the
+    checkpoints hold fp32 weights, so every decoding command runs; only --precision naming it is an error."""
+    import shutil
+
+    import nmt.autotune
+    import nmt.translate
+
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # bf16 "missing" must not meet a cached bf16
+    if precision == "bf16":
+        monkeypatch.setattr(nmt.translate, "bf16_available", lambda device: False)
+        monkeypatch.setattr(nmt.autotune, "bf16_available", lambda device: False)
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["train"]["precision"] = precision
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    src, ref = trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    commands = [
+        ["translate", "--model", run, "--input", src],
+        ["eval-bleu", "--model", run, "--src", src, "--ref", ref],
+        ["average", "--model", run, "--last", "2"],
+        ["tune-decode", "--model", run, "--beam-sizes", "1,2", "--length-penalties", "1.0"],
+    ]
+    for args in commands:
+        code, _, err = run_cli(args, capsys)
+        assert code == 0, (args[0], err)
+        warnings = [line for line in err.splitlines() if "warning:" in line]
+        assert len(warnings) == 1, (args[0], err)
+        assert f"the run's train.precision {precision} cannot run here" in warnings[0]
+        assert re.search(r"decoding in (fp32|bf16), auto's choice on this machine", warnings[0])
+        assert precision not in warnings[0].split("decoding in")[1]
+    code, _, err = run_cli(["translate", "--model", run, "--input", src, "--precision", precision], capsys)
+    assert code == 2 and f"--precision: {precision} is" in err  # asked for by name: still an error
 
 
 def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
