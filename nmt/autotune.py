@@ -542,8 +542,7 @@ def choose(
         request = replace(request, threads=world_threads)
     key = cache_key(info, shape, request)
     path = (cache or cache_dir()) / CACHE_FILE
-    entries = read_cache(path)
-    cached = _choice_from_entry(entries.get(key))
+    cached = _choice_from_entry(read_cache(path).get(key))
     if cached is not None:
         return cached
     start = time.perf_counter()
@@ -557,8 +556,8 @@ def choose(
         return choice
     entry = {**choice.to_dict(), "measured_at": time.strftime("%Y-%m-%d %H:%M:%S")}
     entry["seconds"] = round(time.perf_counter() - start, 2)
-    entries[key] = entry
-    if not write_cache(path, entries):
+    # Read again: another process may have cached its own choice while this one measured.
+    if not write_cache(path, {**read_cache(path), key: entry}):
         log(f"auto: could not write the cache {path}; the next run measures again")
     return choice
 

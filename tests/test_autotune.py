@@ -199,6 +199,23 @@ def test_a_malformed_entry_is_measured_again(tmp_path, counted):
     assert len(counted) == 2
 
 
+def test_a_choice_another_process_cached_while_this_one_measured_is_kept(tmp_path, monkeypatch):
+    """Two runs measuring at once (``nmt train`` and ``nmt translate`` of another model): the one
+    that ends last writes the cache as it is then, not as it was when it started measuring."""
+    other = Request(precision="fp32")
+
+    def measure(request, shape, device, world_threads=None):
+        if request != other:  # while this run measures, the other caches its choice
+            _choose(tmp_path, other)
+        return autotune.Choice("fp32", "sdpa", 1, {"threads": {"1": 1.0}}, "measured", "x")
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    _choose(tmp_path)
+    entries = json.loads((tmp_path / autotune.CACHE_FILE).read_text())["entries"]
+    assert len(entries) == 2
+    assert _choose(tmp_path).source == _choose(tmp_path, other).source == "cached"
+
+
 def test_an_unwritable_cache_never_stops_a_run(tmp_path, counted):
     blocker = tmp_path / "a-file"
     blocker.write_text("not a directory")
