@@ -11,7 +11,7 @@ import contextlib
 import ctypes
 import os
 import sys
-import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -102,21 +102,28 @@ def select_device(
     cuda_available: bool | None = None,
     fallback_to_cpu: bool = False,
     key: str = "config key 'train.device'",
+    warn: Callable[[str], None] | None = None,
 ) -> torch.device:
-    """``auto`` -> CUDA when present, else CPU. ``cuda`` without a GPU is an error (or CPU with a warning)."""
+    """``auto`` -> CUDA when present, else CPU. ``cuda`` without a GPU is an error, or with
+    ``fallback_to_cpu`` the CPU and a warning line to ``warn`` (a trainer's log; None: stderr)."""
     if cuda_available is None:
         cuda_available = torch.cuda.is_available()
     if name == "auto":
         return torch.device("cuda" if cuda_available else "cpu")
     if name == "cuda" and not cuda_available:
         if fallback_to_cpu:
-            warnings.warn("train.device is 'cuda' but no GPU is available: running on CPU", stacklevel=3)
+            message = "warning: train.device is 'cuda' but no GPU is available: running on CPU (train.cpu_fallback)"
+            (warn or _print_warning)(message)
             return torch.device("cpu")
         raise NMTError(
             f"{key}: 'cuda' was asked for but no CUDA GPU is available"
             + (" (set train.cpu_fallback: true to run on CPU instead)" if key.endswith("'train.device'") else "")
         )
     return torch.device(name)
+
+
+def _print_warning(message: str) -> None:
+    print(message, file=sys.stderr)
 
 
 def precision_candidates(device_type: str, bf16_available: bool) -> list[str]:

@@ -116,6 +116,9 @@ class Trainer:
         if not self.world.is_main:
             return
         self._print(message)
+        self._to_log_file(message)
+
+    def _to_log_file(self, message: str) -> None:
         if self._log_file is not None:
             self._log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
             self._log_file.flush()
@@ -126,7 +129,13 @@ class Trainer:
         """Device, run directory (rank 0 takes its lock), data, kernels, model, optimizer; then
         the latest checkpoint's state when ``resume`` and there is one."""
         cfg, world = self.cfg, self.world
-        self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback)
+        early: list[str] = []  # said before train.log is open: on the console now, in the file once it is
+
+        def warn(message: str) -> None:
+            early.append(message)
+            self.log(message)
+
+        self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback, warn=warn)
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
         if self.device.type == "cpu":
             prepare_cpu_process()
@@ -140,6 +149,8 @@ class Trainer:
                 self._log_file = open(self.run.log_path, "a", encoding="utf-8")
             except OSError as e:
                 raise NMTError(f"{self.run.log_path}: cannot open the training log ({e.strerror})") from None
+            for message in early:
+                self._to_log_file(message)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.

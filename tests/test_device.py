@@ -1,6 +1,7 @@
 """Device and precision rules, including the CUDA branches, decided on any machine."""
 
 import os
+import warnings
 
 import pytest
 import torch
@@ -19,8 +20,11 @@ def test_cuda_without_gpu_is_an_error_or_a_fallback():
         select_device("cuda", cuda_available=False)
     with pytest.raises(NMTError, match="--device"):
         select_device("cuda", cuda_available=False, key="--device")
-    with pytest.warns(UserWarning, match="running on CPU"):
-        assert select_device("cuda", cuda_available=False, fallback_to_cpu=True).type == "cpu"
+    seen: list[str] = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a line for the run's log, not a Python warning with a source line
+        assert select_device("cuda", cuda_available=False, fallback_to_cpu=True, warn=seen.append).type == "cpu"
+    assert seen == ["warning: train.device is 'cuda' but no GPU is available: running on CPU (train.cpu_fallback)"]
 
 
 @pytest.mark.parametrize(

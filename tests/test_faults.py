@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pytest
@@ -207,11 +208,15 @@ def test_cpu_fallback_switch_runs_on_cpu_with_a_warning(tmp_path, capsys):
     if torch.cuda.is_available():
         pytest.skip("needs a machine without a GPU")
     config = tiny_config(tmp_path, max_updates=3, warmup_updates=1, validate_every=3)
-    with pytest.warns(UserWarning, match="running on CPU"):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # not a Python warning: a line of the run's log
         code = main(
             ["train", "--config", str(config), "--set", "train.device=cuda", "--set", "train.cpu_fallback=true"]
         )
     assert code == 0
+    line = "warning: train.device is 'cuda' but no GPU is available: running on CPU (train.cpu_fallback)"
+    assert capsys.readouterr().err.count(line) == 1
+    assert line in (tmp_path / "run" / "train.log").read_text()
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their permissions")
