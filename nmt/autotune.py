@@ -22,12 +22,13 @@ library and kernel left to ``auto``; training's pair is the default there.
 The result is cached per machine in ``$NMT_CACHE_DIR`` (default ``~/.cache/nmt``), keyed by the
 CPU's model and flags or the GPU, the torch version, the ISA limits set in the environment and the
 shapes; ``nmt train``, ``nmt translate`` and ``nmt bench`` of one model then share one choice and
-the second run pays nothing. A damaged or foreign cache file is ignored and rewritten. A
-measurement taken while other jobs held the cores is used for that run only, never cached: on a
-2-core Xeon one taken beside another job chose 1 thread over 2 (66.8 vs 172.9 ms per step) and,
-cached, cost every later run on the idle machine 40% of its speed. Busy means the threads got
-less than ``BUSY_CPU_USE`` of the CPU time they would have had alone (process CPU time over
-wall time x threads, during the multi-threaded steps).
+the second run pays nothing. A damaged or foreign cache file, or an entry this device cannot run
+(a precision it lacks, more threads than CPUs), is ignored and rewritten. A measurement taken
+while other jobs held the cores is used for that run only, never cached: on a 2-core Xeon one
+taken beside another job chose 1 thread over 2 (66.8 vs 172.9 ms per step) and, cached, cost
+every later run on the idle machine 40% of its speed. Busy means the threads got less than
+``BUSY_CPU_USE`` of the CPU time they would have had alone (process CPU time over wall time x
+threads, during the multi-threaded steps).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ from pathlib import Path
 import torch
 
 from nmt.config import ModelConfig, TrainConfig
-from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates
+from nmt.device import Precision, adamw, bf16_available, check_precision, precision_candidates, precision_problem
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.models.linear import FP32_MATMULS, onednn_available
@@ -231,8 +232,9 @@ def write_cache(path: Path, entries: dict) -> bool:
     return True
 
 
-def _choice_from_entry(entry: object) -> Choice | None:
-    """A cached entry back as a Choice, or None if it does not have the right shape."""
+def _choice_from_entry(entry: object, device: torch.device, request: Request) -> Choice | None:
+    """A cached entry back as a Choice, or None if it does not have the right shape or names what
+    cannot run on ``device`` (the file can be edited, or copied from another machine)."""
     if not isinstance(entry, dict):
         return None
     try:
@@ -257,7 +259,20 @@ def _choice_from_entry(entry: object) -> Choice | None:
         and choice.decode_attention in (None, "sdpa", "explicit")
         and choice.decode_fp32_matmul in (None, *FP32_MATMULS)
     )
-    return choice if valid else None
+    return choice if valid and _runs_here(choice, device, request) else None
+
+
+def _runs_here(choice: Choice, device: torch.device, request: Request) -> bool:
+    """Whether ``device`` can run ``choice``: its precision, its threads (at most the usable CPUs, or
+    the number the request names; a thousand million threads kill the process in the OpenMP runtime),
+    and oneDNN products on a CPU only where this torch has them."""
+    if precision_problem(choice.precision, device.type, bf16_available(device)) is not None:
+        return False
+    named = request.threads if isinstance(request.threads, int) else 0
+    if choice.threads is not None and choice.threads > max(usable_cpus(), named):
+        return False
+    uses_onednn = "onednn" in (choice.fp32_matmul, choice.decode_fp32_matmul)
+    return device.type != "cpu" or not uses_onednn or onednn_available()
 
 
 # ---------------------------------------------------------------------------- what is measured
@@ -542,7 +557,7 @@ def choose(
         request = replace(request, threads=world_threads)
     key = cache_key(info, shape, request)
     path = (cache or cache_dir()) / CACHE_FILE
-    cached = _choice_from_entry(read_cache(path).get(key))
+    cached = _choice_from_entry(read_cache(path).get(key), device, request)
     if cached is not None:
         return cached
     start = time.perf_counter()

@@ -136,7 +136,8 @@ def counted(monkeypatch):
     def fake(request, shape, device, world_threads=None):
         calls.append(request)
         timings = {"precision/attention": {"fp32/explicit": 1.0}}
-        return autotune.Choice("fp32", "explicit", 2, timings, "measured", "x", decode_fp32_matmul="onednn")
+        threads = autotune.usable_cpus()
+        return autotune.Choice("fp32", "explicit", threads, timings, "measured", "x", decode_fp32_matmul="onednn")
 
     monkeypatch.setattr(autotune, "measure", fake)
     return calls
@@ -151,7 +152,7 @@ def test_second_run_pays_nothing(tmp_path, counted):
     second = _choose(tmp_path)
     assert len(counted) == 1
     assert first.source == "measured" and second.source == "cached"
-    assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", 2)
+    assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", autotune.usable_cpus())
     assert second.decoding() == ("explicit", "onednn")  # the decoding choice is cached with the rest
     assert "cached" in second.describe() and "fp32/explicit 1.0" in second.describe()
 
@@ -214,6 +215,42 @@ def test_a_choice_another_process_cached_while_this_one_measured_is_kept(tmp_pat
     entries = json.loads((tmp_path / autotune.CACHE_FILE).read_text())["entries"]
     assert len(entries) == 2
     assert _choose(tmp_path).source == _choose(tmp_path, other).source == "cached"
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        {"precision": "fp16"},  # a GPU's precision
+        {"precision": "bf16"},  # on a CPU without bf16 kernels
+        {"threads": 10**9},  # libgomp kills the process
+        {"decode_fp32_matmul": "mkl"},  # not a library this code knows
+    ],
+)
+def test_a_cached_entry_that_cannot_run_here_is_measured_again_and_rewritten(tmp_path, counted, monkeypatch, edit):
+    monkeypatch.setattr(autotune, "bf16_available", lambda device: False)
+    first = _choose(tmp_path)
+    path = tmp_path / autotune.CACHE_FILE
+    data = json.loads(path.read_text())
+    for entry in data["entries"].values():
+        entry.update(edit)
+    path.write_text(json.dumps(data))
+    again = _choose(tmp_path)
+    assert again.source == "measured" and len(counted) == 2
+    assert _choose(tmp_path).source == "cached"  # rewritten
+    for entry in json.loads(path.read_text())["entries"].values():
+        assert (entry["precision"], entry["threads"]) == (first.precision, first.threads)
+
+
+def test_threads_the_request_names_are_cached_even_beyond_the_cpus(tmp_path, monkeypatch):
+    """threads: 64 on a smaller machine is the user's choice, not an entry to measure again each run."""
+    many = autotune.usable_cpus() * 4
+
+    def measure(request, shape, device, world_threads=None):
+        return autotune.Choice("fp32", "sdpa", int(request.threads), {"x": {"y": 1.0}}, "measured", "x")
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    assert _choose(tmp_path, Request(threads=many)).source == "measured"
+    assert _choose(tmp_path, Request(threads=many)).source == "cached"
 
 
 def test_an_unwritable_cache_never_stops_a_run(tmp_path, counted):
