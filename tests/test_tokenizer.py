@@ -97,6 +97,12 @@ def test_vocab_too_large_names_config_key(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing half-written that a later run would reuse
 
 
+def test_the_lowest_character_coverage_the_config_accepts_trains(tmp_path):
+    # config.py bounds tokenizer.character_coverage below by 0.98: SentencePiece must accept it.
+    tok, _ = train_or_load_tokenizers(_cfg(character_coverage=0.98), SRC, TRG, *_joint(tmp_path))
+    assert tok.vocab_size == 120
+
+
 def test_vocab_too_small_names_config_key(tmp_path):
     with pytest.raises(NMTError, match=r"tokenizer\.vocab_size"):
         train_or_load_tokenizers(_cfg(vocab_size=16), SRC, TRG, *_joint(tmp_path))
