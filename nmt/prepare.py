@@ -164,7 +164,7 @@ def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     if missing and next(_train_side(cfg, 0), None) is None:
         raise _empty_corpus("train", d.train)
     try:
-        return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths)
+        return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths, seed=cfg.seed)
     except NoLineFits as e:
         raise _no_line_fits(cfg, e) from None
 

@@ -6,8 +6,10 @@ models never need to ask which id is which.
 
 from __future__ import annotations
 
+import io
 import itertools
 import os
+import random
 import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -17,6 +19,7 @@ from typing import Literal
 import sentencepiece as spm
 
 from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
 
 PAD_ID, UNK_ID, BOS_ID, EOS_ID = 0, 1, 2, 3
 MAX_SENTENCE_BYTES = 4192  # SentencePiece's default max_sentence_length, passed so that _fits agrees with it
@@ -149,23 +152,37 @@ def _fits(line: str) -> bool:
     return len(line) <= MAX_SENTENCE_BYTES // 4 or len(line.encode()) <= MAX_SENTENCE_BYTES
 
 
-class _WatchedLines:
-    """The non-empty lines, passed on lazily, noting whether all were read and any fits."""
+class _TrainingText:
+    """What SentencePiece trains on: the non-empty lines that fit its length limit (it would skip the
+    others), all of them or, with ``sample`` > 0, that many drawn by a generator seeded with ``seed``.
+    SentencePiece's own sampler takes no seed (and in recent versions draws differently in every
+    process), so two runs of one config got two vocabularies; ours leaves it no more lines than it keeps.
 
-    def __init__(self, lines: Iterable[str]):
-        self.lines, self.count, self.any_fits, self.all_read = lines, 0, False, False
+    It notes whether any line fitted, and keeps an interrupt that SentencePiece would turn into a
+    RuntimeError."""
+
+    def __init__(self, lines: Iterable[str], sample: int, seed: int):
+        self.lines, self.sample, self.seed = lines, sample, seed
+        self.count, self.any_fits, self.all_read = 0, False, False
         self.interrupt: KeyboardInterrupt | None = None
 
     def __iter__(self) -> Iterator[str]:
         try:
-            for line in self.lines:
-                if line:
-                    self.count += 1
-                    self.any_fits = self.any_fits or _fits(line)
-                    yield line
+            if self.sample == 0:
+                yield from self._fitting()
+            else:
+                yield from _drain(_reservoir(self._fitting(), self.sample, random.Random(self.seed)))
         except KeyboardInterrupt as e:  # SentencePiece turns it into a RuntimeError: kept to raise again
             self.interrupt = e
             raise
+
+    def _fitting(self) -> Iterator[str]:
+        for line in self.lines:
+            if line:
+                self.count += 1
+                if _fits(line):
+                    self.any_fits = True
+                    yield line
         self.all_read = True
 
     @property
@@ -173,24 +190,56 @@ class _WatchedLines:
         return self.all_read and self.count > 0 and not self.any_fits
 
 
-def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None) -> None:
-    """Train to a temporary prefix beside ``model_path``, then rename into place.
+def _reservoir(lines: Iterable[str], size: int, rng: random.Random) -> list[str]:
+    """``size`` of ``lines`` chosen uniformly in one pass (reservoir sampling); all of them, in order,
+    when there are no more."""
+    sample: list[str] = []
+    for seen, line in enumerate(lines):
+        if seen < size:
+            sample.append(line)
+        else:
+            slot = rng.randrange(seen + 1)
+            if slot < size:
+                sample[slot] = line
+    return sample
 
-    The rename is what makes a model visible for reuse, so an interrupted run leaves no
-    half-written ``.model`` behind.
-    """
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    final_prefix = model_path.with_suffix("")
-    tmp_prefix = model_path.parent / f".{final_prefix.name}.tmp{os.getpid()}"
-    watched = _WatchedLines(sentences)
+
+def _drain(sample: list[str]) -> Iterator[str]:
+    """The sample's lines in order, each let go once SentencePiece has its copy, so that the sample is
+    not held twice."""
+    sample.reverse()
+    while sample:
+        yield sample.pop()
+
+
+def _vocab_text(processor: spm.SentencePieceProcessor) -> str:
+    """The ``.vocab`` file SentencePiece writes beside a model: each piece and its score (%g)."""
+    size = processor.get_piece_size()
+    return "".join(f"{processor.id_to_piece(i)}\t{processor.get_score(i):g}\n" for i in range(size))
+
+
+def _write(path: Path, data: bytes) -> None:
+    try:
+        atomic_write_bytes(path, data)
+    except OSError as e:
+        raise NMTError(f"{path}: cannot write the SentencePiece model ({e.strerror})") from None
+
+
+def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None, seed: int) -> None:
+    """Train in memory, then write the ``.vocab`` and the model, each under a temporary name renamed
+    into place. The model's rename is what makes it visible for reuse, so an interrupted run leaves no
+    half-written ``.model`` behind. The bytes depend only on the text, the settings, ``seed`` and the
+    thread count: no file name of the training is recorded in them."""
+    text = _TrainingText(sentences, cfg.input_sentence_size, seed)
+    model = io.BytesIO()
     try:
         spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(watched),
-            model_prefix=str(tmp_prefix),
+            sentence_iterator=iter(text),
+            model_writer=model,
             model_type=cfg.type,
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
-            input_sentence_size=cfg.input_sentence_size,
+            input_sentence_size=cfg.input_sentence_size,  # never more lines than this: nothing left to sample
             max_sentence_length=MAX_SENTENCE_BYTES,
             shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1,
@@ -200,18 +249,17 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
             eos_id=EOS_ID,
             minloglevel=2,
         )
-        # vocab first: the .model file appearing is the signal that training finished.
-        os.replace(f"{tmp_prefix}.vocab", f"{final_prefix}.vocab")
-        os.replace(f"{tmp_prefix}.model", model_path)
     except RuntimeError as e:
-        if watched.interrupt is not None:  # Ctrl-C or SIGTERM while SentencePiece read the corpus
-            raise watched.interrupt from None
-        if watched.all_too_long:  # SentencePiece says only "!sentences_.empty()"
+        if text.interrupt is not None:  # Ctrl-C or SIGTERM while SentencePiece read the corpus
+            raise text.interrupt from None
+        if text.all_too_long:  # SentencePiece says only "!sentences_.empty()"
             raise NoLineFits(side) from None
         raise _vocab_error(str(e), cfg.vocab_size) from None
-    finally:
-        for leftover in (Path(f"{tmp_prefix}.model"), Path(f"{tmp_prefix}.vocab")):
-            leftover.unlink(missing_ok=True)
+    proto = model.getvalue()
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    # vocab first: the .model file appearing is the signal that training finished.
+    _write(model_path.with_suffix(".vocab"), _vocab_text(spm.SentencePieceProcessor(model_proto=proto)).encode())
+    _write(model_path, proto)
 
 
 def train_or_load_tokenizers(
@@ -220,18 +268,20 @@ def train_or_load_tokenizers(
     trg_lines: Iterable[str],
     src_path: Path,
     trg_path: Path,
+    seed: int = 1,
 ) -> tuple[Tokenizer, Tokenizer]:
     """Reuse the model file(s) if present, else train them from the given text: one joint model
     from both sides when ``src_path == trg_path``, else one per side.
 
-    The text may be a lazy stream: SentencePiece samples ``input_sentence_size`` sentences from it.
+    The text may be a lazy stream: ``input_sentence_size`` sentences are sampled from it, drawn by a
+    generator seeded with ``seed`` (the config's), so the same text and config give the same model.
     """
     if src_path == trg_path:
         if not src_path.exists():
-            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path, None)
+            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path, None, seed)
         joint = Tokenizer.load(src_path)
         return joint, joint
     for side, (path, lines) in enumerate(((src_path, src_lines), (trg_path, trg_lines))):
         if not path.exists():
-            _train_model(cfg, lines, path, side)
+            _train_model(cfg, lines, path, side, seed)
     return Tokenizer.load(src_path), Tokenizer.load(trg_path)

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import sentencepiece as spm
 import yaml
 from conftest import tiny_config
 
@@ -65,6 +68,46 @@ def test_separate_models(tmp_path, model_type):
     loaded_src, loaded_trg = load_tokenizers(tmp_path / "spm.de.model", tmp_path / "spm.en.model")
     assert loaded_src.encode(SRC[:3]) == src_tok.encode(SRC[:3])
     assert loaded_trg.encode(TRG[:3]) == trg_tok.encode(TRG[:3])
+
+
+_TRAIN_IN_A_PROCESS = """
+import sys
+from pathlib import Path
+from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
+corpus, model, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
+cfg = TokenizerConfig(type="unigram", vocab_size=120, input_sentence_size=150)
+lines = corpus.read_text(encoding="utf-8").splitlines()
+train_or_load_tokenizers(cfg, lines, [], model, model, seed=seed)
+"""
+
+
+def _trained_apart(tmp_path: Path, name: str, seed: int) -> Path:
+    """A model trained by a process of its own on SRC + TRG, sampling 150 of its 800 lines."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("".join(line + "\n" for line in SRC + TRG), encoding="utf-8")
+    model = tmp_path / name / "spm.model"
+    root = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", _TRAIN_IN_A_PROCESS, str(corpus), str(model), str(seed)],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    return model
+
+
+def test_the_same_text_and_seed_give_the_same_model_bytes(tmp_path):
+    # Two processes, as two runs are: SentencePiece's own sample differs from process to process, and
+    # a model written by it records the temporary file name it was trained under.
+    first, again = _trained_apart(tmp_path, "a", seed=3), _trained_apart(tmp_path, "b", seed=3)
+    assert first.read_bytes() == again.read_bytes()
+    vocab = first.with_suffix(".vocab").read_text(encoding="utf-8")
+    assert vocab == again.with_suffix(".vocab").read_text(encoding="utf-8")
+    sp = spm.SentencePieceProcessor(model_file=str(first))
+    assert vocab.splitlines() == [f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}" for i in range(sp.get_piece_size())]
+    assert _trained_apart(tmp_path, "c", seed=4).read_bytes() != first.read_bytes()  # another sample
 
 
 def test_decode_ignores_pad_bos_eos(tmp_path):
