@@ -30,8 +30,8 @@ from nmt.corpus import (
     resolve_format,
 )
 from nmt.errors import NMTError
-from nmt.rundir import RunDir
-from nmt.tokenizer import NoLineFits, Tokenizer, train_or_load_tokenizers
+from nmt.rundir import RunDir, config_differences
+from nmt.tokenizer import NoLineFits, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 
 
 @dataclass
@@ -151,10 +151,79 @@ def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
     return NMTError(f"{where}: {error}{''.join(cr)}")
 
 
-def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
+def _as_json(value):
+    """``value`` as it reads back from JSON (tuples become lists), to compare with a record read."""
+    return json.loads(json.dumps(value, default=str))
+
+
+def _tokenizer_records(cfg: Config, paths: tuple[Path, Path]) -> tuple[dict, dict]:
+    """What each SentencePiece model is made from, recorded beside it: the tokenizer section, the
+    seed its sample is drawn with, its language(s), and the training corpus."""
+    d = cfg.data
+
+    def record(*langs: str) -> dict:
+        return _as_json(
+            {"tokenizer": cfg.tokenizer.__dict__, "seed": cfg.seed, "langs": langs, "train": d.train.__dict__}
+        )
+
+    if paths[0] == paths[1]:
+        joint = record(d.src_lang, d.trg_lang)
+        return joint, joint
+    return record(d.src_lang), record(d.trg_lang)
+
+
+def _record_changes(recorded: dict, wanted: dict) -> list[str]:
+    """'key: old -> new' for what differs between a model's record and what it would be made from now."""
+    if not recorded:
+        return ["its record is unreadable"]
+    changes = []
+    for section, prefix in (("tokenizer", "tokenizer."), ("train", "data.train.")):
+        old, new = recorded.get(section), wanted[section]
+        old = old if isinstance(old, dict) else {}
+        changes += [
+            f"{prefix}{k}: {old.get(k)!r} -> {new.get(k)!r}"
+            for k in sorted(set(old) | set(new))
+            if old.get(k) != new.get(k)
+        ]
+    for key, name in (("seed", "seed"), ("langs", "languages")):
+        if recorded.get(key) != wanted[key]:
+            changes.append(f"{name}: {recorded.get(key)!r} -> {wanted[key]!r}")
+    return changes or (["its record differs"] if recorded != wanted else [])
+
+
+def _changes_since_made(cfg: Config, run: RunDir, path: Path, wanted: dict) -> list[str]:
+    """What changed since the SentencePiece model ``path`` was made, to say why it is trained again;
+    empty when it is reused. The one rule for reusing a model:
+
+    - A run with checkpoints keeps its model, whatever changed: its checkpoints were trained with it
+      (``check_checkpoint`` refuses any other). Only the run's writer ever trains one again.
+    - Before that, a model is reused when the record written with it matches ``wanted``.
+    - A model without a record (made by an earlier version, or put there by hand) is reused unless
+      the run's config.yaml says it was made with other tokenizer settings, languages or corpus.
+    """
+    if not path.exists() or not run.writable or run.has_checkpoints():
+        return []
+    recorded = read_record(path)
+    if recorded is not None:
+        return _record_changes(recorded, wanted)
+    if not run.config_path.exists():
+        return []
+    return config_differences(run.config(), cfg, ("tokenizer",), ("src_lang", "trg_lang", "train"))
+
+
+def _tokenizers(cfg: Config, run: RunDir, log: Callable[[str], None]) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
     paths = run.tokenizer_paths(cfg)
+    records = _tokenizer_records(cfg, paths)
+    for path, wanted in dict(zip(paths, records)).items():
+        changes = _changes_since_made(cfg, run, path, wanted)
+        if changes:
+            log(
+                f"{path.name}: made from other settings or text ({'; '.join(changes)}); "
+                "no checkpoint yet: training SentencePiece again"
+            )
+            remove_model(path)
     missing = [p for p in paths if not p.exists()]
     if missing and run.has_checkpoints():  # a new tokenizer would not be the one the model was trained with
         raise NMTError(
@@ -164,7 +233,9 @@ def _tokenizers(cfg: Config, run: RunDir) -> tuple[Tokenizer, Tokenizer]:
     if missing and next(_train_side(cfg, 0), None) is None:
         raise _empty_corpus("train", d.train)
     try:
-        return train_or_load_tokenizers(cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths, seed=cfg.seed)
+        return train_or_load_tokenizers(
+            cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths, seed=cfg.seed, records=records
+        )
     except NoLineFits as e:
         raise _no_line_fits(cfg, e) from None
 
@@ -233,7 +304,7 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
             seed=cfg.data.synthetic_seed,
         )
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
-    src_tok, trg_tok = _tokenizers(cfg, run)
+    src_tok, trg_tok = _tokenizers(cfg, run, log)
     train = _binarized_train(cfg, run, src_tok, trg_tok, log)
     limit = None if cfg.model.max_positions is None else cfg.model.max_positions - 1
     dev = _encode(src_tok, trg_tok, dev_src, dev_trg, limit)

@@ -3,7 +3,8 @@ its config, tokenizer and checkpoints belong together.
 
     RUN_DIR/
       config.yaml                 the run's resolved config (every default filled in)
-      spm.model | spm.SRC.model, spm.TRG.model    SentencePiece model(s)
+      spm.model | spm.SRC.model, spm.TRG.model    SentencePiece model(s), each with its .vocab and
+                                  a .model.json record of what it was made from
       data/train/                 binarized training shards
       checkpoints/                update_N.pt (training state), best_N.pt, index.json
       metrics.jsonl, train.log, dev.hyp, tensorboard/
@@ -30,6 +31,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE
 from nmt.tensorboard import TENSORBOARD_DIR
+from nmt.tokenizer import record_path
 
 CONFIG = "config.yaml"
 _HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
@@ -252,7 +254,8 @@ class RunDir:
         return [
             self.config_path,
             *tokenizers,
-            *(p.with_suffix(".vocab") for p in tokenizers),  # SentencePiece writes it beside the model
+            *(p.with_suffix(".vocab") for p in tokenizers),  # the pieces and scores, beside the model
+            *(record_path(p) for p in tokenizers),
             self.train_data_dir.parent,
             self.checkpoint_dir,
             self.metrics_path,
@@ -345,26 +348,13 @@ class RunDir:
                     f"{self.config_path}: exists and was not written by 'nmt train'; move it or choose another run_dir"
                 )
             saved = self.config()
-            if self.has_checkpoints():
+            if self.has_checkpoints():  # before the first, any key may change (prepare retrains SentencePiece)
                 check_resumable(saved, cfg)
-            else:
-                self._drop_stale_tokenizers(saved, cfg, log)
             cfg = kept_tuned_decode(cfg, saved, self.tune_decode_path, log)
         return cfg
 
     def has_checkpoints(self) -> bool:
         return self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.glob("*.pt"))
-
-    def _drop_stale_tokenizers(self, old: Config, new: Config, log: Callable[[str], None]) -> None:
-        """Before the first checkpoint any key may change (a first start that failed on a bad value
-        is fixed by changing it); SentencePiece models made for other tokenizer settings, languages
-        or training text are deleted, to be trained again."""
-        diffs = config_differences(old, new, ("tokenizer",), ("src_lang", "trg_lang", "train"))
-        stale = [p for p in set(self.tokenizer_paths(old)) if p.exists()]
-        if diffs and stale:
-            log(f"no checkpoint yet and the config changed ({'; '.join(diffs)}): training SentencePiece again")
-            for path in stale:
-                path.unlink()
 
     def lock(self, log: Callable[[str], None]) -> None:
         """Become the run's writer without training it (``nmt average`` adds a checkpoint)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import os
 import random
 import re
@@ -109,6 +110,29 @@ def load_tokenizers(src_path: Path, trg_path: Path) -> tuple[Tokenizer, Tokenize
     """Source and target tokenizers; one object twice when both paths name one joint model."""
     src = Tokenizer.load(src_path)
     return src, (src if src_path == trg_path else Tokenizer.load(trg_path))
+
+
+def record_path(model_path: Path) -> Path:
+    """The record of what a model was made from, written beside it: ``spm.model`` -> ``spm.model.json``."""
+    return model_path.with_name(model_path.name + ".json")
+
+
+def read_record(model_path: Path) -> dict | None:
+    """The record written with ``model_path``: None when there is none (a model of an earlier
+    version, or one put there by hand), ``{}`` when it cannot be read."""
+    try:
+        recorded = json.loads(record_path(model_path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):  # UnicodeDecodeError is a ValueError
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def remove_model(model_path: Path) -> None:
+    """Delete a model with its ``.vocab`` and record; the model first, so that nothing is left to reuse."""
+    for path in (model_path, model_path.with_suffix(".vocab"), record_path(model_path)):
+        path.unlink(missing_ok=True)
 
 
 # --------------------------------------------------------------------------- training
@@ -225,11 +249,13 @@ def _write(path: Path, data: bytes) -> None:
         raise NMTError(f"{path}: cannot write the SentencePiece model ({e.strerror})") from None
 
 
-def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None, seed: int) -> None:
-    """Train in memory, then write the ``.vocab`` and the model, each under a temporary name renamed
-    into place. The model's rename is what makes it visible for reuse, so an interrupted run leaves no
-    half-written ``.model`` behind. The bytes depend only on the text, the settings, ``seed`` and the
-    thread count: no file name of the training is recorded in them."""
+def _train_model(
+    cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None, seed: int, record: dict | None
+) -> None:
+    """Train in memory, then write the ``.vocab``, the model and ``record`` (what it was made from),
+    each under a temporary name renamed into place. The model's rename is what makes it visible for
+    reuse, so an interrupted run leaves no half-written ``.model`` behind. The bytes depend only on
+    the text, the settings, ``seed`` and the thread count: no file name of the training is in them."""
     text = _TrainingText(sentences, cfg.input_sentence_size, seed)
     model = io.BytesIO()
     try:
@@ -260,6 +286,8 @@ def _train_model(cfg: TokenizerConfig, sentences: Iterable[str], model_path: Pat
     # vocab first: the .model file appearing is the signal that training finished.
     _write(model_path.with_suffix(".vocab"), _vocab_text(spm.SentencePieceProcessor(model_proto=proto)).encode())
     _write(model_path, proto)
+    if record is not None:  # last: a model without its record is one an earlier version made
+        _write(record_path(model_path), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
 
 
 def train_or_load_tokenizers(
@@ -269,19 +297,22 @@ def train_or_load_tokenizers(
     src_path: Path,
     trg_path: Path,
     seed: int = 1,
+    records: tuple[dict | None, dict | None] = (None, None),
 ) -> tuple[Tokenizer, Tokenizer]:
     """Reuse the model file(s) if present, else train them from the given text: one joint model
-    from both sides when ``src_path == trg_path``, else one per side.
+    from both sides when ``src_path == trg_path``, else one per side. A model trained here gets its
+    side's entry of ``records`` (what it is made from) written beside it (``record_path``); whether
+    an existing model still fits is for the caller to decide, before (``remove_model``).
 
     The text may be a lazy stream: ``input_sentence_size`` sentences are sampled from it, drawn by a
     generator seeded with ``seed`` (the config's), so the same text and config give the same model.
     """
     if src_path == trg_path:
         if not src_path.exists():
-            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path, None, seed)
+            _train_model(cfg, itertools.chain(src_lines, trg_lines), src_path, None, seed, records[0])
         joint = Tokenizer.load(src_path)
         return joint, joint
     for side, (path, lines) in enumerate(((src_path, src_lines), (trg_path, trg_lines))):
         if not path.exists():
-            _train_model(cfg, lines, path, side, seed)
+            _train_model(cfg, lines, path, side, seed, records[side])
     return Tokenizer.load(src_path), Tokenizer.load(trg_path)

@@ -1,5 +1,7 @@
 """A run stopped and resumed ends with exactly the parameters of the same run left alone."""
 
+import json
+
 import pytest
 import torch
 from conftest import tiny_config
@@ -106,6 +108,43 @@ def test_a_tokenizer_made_for_other_settings_is_trained_again_before_the_first_c
     assert "training SentencePiece again" in capsys.readouterr().err
     assert (tmp_path / "run" / "spm.model").read_bytes() != first
     assert Tokenizer.load(tmp_path / "run" / "spm.model").vocab_size == 70
+
+
+def test_a_tokenizer_left_by_a_failed_first_start_is_trained_again_with_the_fixed_settings(tmp_path, capsys):
+    # The first start fails after SentencePiece is trained, before config.yaml is written.
+    config = tiny_config(tmp_path)
+    assert main(["prepare", "--config", str(config), "--set", "data.max_len=1"]) == 2
+    assert "every training pair was dropped" in capsys.readouterr().err
+    model = tmp_path / "run" / "spm.model"
+    assert Tokenizer.load(model).vocab_size == 60
+    assert not (tmp_path / "run" / "config.yaml").exists()
+    fixed = ["--set", "tokenizer.type=unigram", "--set", "tokenizer.vocab_size=50"]
+    assert main(["prepare", "--config", str(config), *fixed]) == 0
+    err = capsys.readouterr().err
+    assert "spm.model: made from other settings or text (tokenizer.type: 'bpe' -> 'unigram'; " in err
+    assert "tokenizer.vocab_size: 60 -> 50); no checkpoint yet: training SentencePiece again" in err
+    assert Tokenizer.load(model).vocab_size == 50
+    assert json.loads((tmp_path / "run" / "spm.model.json").read_text())["tokenizer"]["type"] == "unigram"
+    # Prepared again unchanged, the model is reused.
+    before = model.read_bytes()
+    assert main(["prepare", "--config", str(config), *fixed]) == 0
+    assert "training SentencePiece again" not in capsys.readouterr().err
+    assert model.read_bytes() == before
+
+
+def test_a_source_model_left_by_a_failed_first_start_is_trained_again(tmp_path, capsys):
+    # Separate vocabularies: the source model is written, then the target side is too small for 200.
+    config = tiny_config(tmp_path)
+    separate = ["--set", "tokenizer.joint=false", "--set", "model.tie_embeddings=false"]
+    assert main(["prepare", "--config", str(config), *separate, "--set", "tokenizer.vocab_size=200"]) == 2
+    assert "tokenizer.vocab_size': 200 is larger than this corpus supports" in capsys.readouterr().err
+    src, trg = tmp_path / "run" / "spm.de.model", tmp_path / "run" / "spm.en.model"
+    assert Tokenizer.load(src).vocab_size == 200 and not trg.exists()
+    assert main(["prepare", "--config", str(config), *separate, "--set", "tokenizer.vocab_size=150"]) == 0
+    assert (
+        "spm.de.model: made from other settings or text (tokenizer.vocab_size: 200 -> 150)" in capsys.readouterr().err
+    )
+    assert Tokenizer.load(src).vocab_size == Tokenizer.load(trg).vocab_size == 150
 
 
 def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):

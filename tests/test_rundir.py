@@ -159,6 +159,7 @@ def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_pat
         run / "train.log",
         run / "dev.hyp",
         run / "spm.vocab",
+        run / "spm.model.json",
         run / "checkpoints" / "index.json",
         best.with_name(best.name + ".sha256"),
         run / "checkpoints" / "notes.txt",
