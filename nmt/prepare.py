@@ -95,6 +95,12 @@ def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
     return found + plain
 
 
+def _file_stamps(files: list[Path]) -> list[str]:
+    """'path:size:mtime_ns' of each file: how the shards and the SentencePiece records know that a
+    corpus file changed without reading it."""
+    return [f"{f}:{stat.st_size}:{stat.st_mtime_ns}" for f in files for stat in (f.stat(),)]
+
+
 def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
     """What the shards depend on: not ``data.workers``, which only changes how fast they are made."""
     d = cfg.data
@@ -107,9 +113,8 @@ def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
         "synthetic": (d.synthetic, d.synthetic_seed, d.synthetic_train_pairs),
     }
     h.update(json.dumps(keys, sort_keys=True, default=str).encode())
-    for f in corpus_files(d.train, d.src_lang, d.trg_lang):
-        stat = f.stat()
-        h.update(f"{f}:{stat.st_size}:{stat.st_mtime_ns}".encode())
+    for stamp in _file_stamps(corpus_files(d.train, d.src_lang, d.trg_lang)):
+        h.update(stamp.encode())
     for p in tokenizers:
         h.update(p.read_bytes())
     return h.hexdigest()
@@ -158,13 +163,14 @@ def _as_json(value):
 
 def _tokenizer_records(cfg: Config, paths: tuple[Path, Path]) -> tuple[dict, dict]:
     """What each SentencePiece model is made from, recorded beside it: the tokenizer section, the
-    seed its sample is drawn with, its language(s), and the training corpus."""
+    seed its sample is drawn with, its language(s), and the training corpus: its config and the
+    files it reads for those languages, known as the shard fingerprint knows them."""
     d = cfg.data
 
     def record(*langs: str) -> dict:
-        return _as_json(
-            {"tokenizer": cfg.tokenizer.__dict__, "seed": cfg.seed, "langs": langs, "train": d.train.__dict__}
-        )
+        files = _file_stamps(corpus_files(d.train, *langs))
+        made_from = {"tokenizer": cfg.tokenizer.__dict__, "seed": cfg.seed, "langs": langs, "train": d.train.__dict__}
+        return _as_json({**made_from, "files": files})
 
     if paths[0] == paths[1]:
         joint = record(d.src_lang, d.trg_lang)
@@ -188,6 +194,10 @@ def _record_changes(recorded: dict, wanted: dict) -> list[str]:
     for key, name in (("seed", "seed"), ("langs", "languages")):
         if recorded.get(key) != wanted[key]:
             changes.append(f"{name}: {recorded.get(key)!r} -> {wanted[key]!r}")
+    if recorded.get("train") == wanted["train"] and recorded.get("files") != wanted["files"]:
+        known = set(recorded.get("files") or ())
+        changed = [stamp.rsplit(":", 2)[0] for stamp in wanted["files"] if stamp not in known]
+        changes.append(f"the training text changed ({changed[0] if changed else 'a file is gone'})")
     return changes or (["its record differs"] if recorded != wanted else [])
 
 

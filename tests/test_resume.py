@@ -147,6 +147,41 @@ def test_a_source_model_left_by_a_failed_first_start_is_trained_again(tmp_path, 
     assert Tokenizer.load(src).vocab_size == Tokenizer.load(trg).vocab_size == 150
 
 
+def _upper_case_corpus(tmp_path) -> None:
+    """The training corpus rewritten in place, same paths and sizes, other text."""
+    for lang in ("de", "en"):
+        path = tmp_path / "data" / f"train.{lang}"
+        path.write_text(path.read_text(encoding="utf-8").upper(), encoding="utf-8")
+
+
+def test_a_tokenizer_is_trained_again_when_the_training_text_changed_before_the_first_checkpoint(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    assert main(["prepare", "--config", str(config)]) == 0
+    model = tmp_path / "run" / "spm.model"
+    first = model.read_bytes()
+    _upper_case_corpus(tmp_path)
+    capsys.readouterr()
+    assert main(["prepare", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    changed = f"spm.model: made from other settings or text (the training text changed ({tmp_path}/data/train.de))"
+    assert changed in err and "training SentencePiece again" in err
+    assert model.read_bytes() != first
+    tok = Tokenizer.load(model)
+    assert tok.unk_id not in sum(tok.encode((tmp_path / "data" / "train.de").read_text().splitlines()), [])
+
+
+def test_a_run_with_checkpoints_keeps_its_tokenizer_when_the_training_text_changed(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    model = tmp_path / "run" / "spm.model"
+    first = model.read_bytes()
+    _upper_case_corpus(tmp_path)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=4"]) == 0
+    assert "training SentencePiece again" not in capsys.readouterr().err
+    assert model.read_bytes() == first  # the checkpoints were trained with it
+
+
 def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
     import nmt.trainer
 
