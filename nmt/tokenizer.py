@@ -35,6 +35,9 @@ class TokenizerConfig:
     joint: bool = True  # one model for both languages (needed to tie src/trg embeddings)
     character_coverage: float = 1.0
     input_sentence_size: int = 2_000_000  # sentences sampled to train SentencePiece; 0: every sentence
+    # SentencePiece's normalization rule, saved in the model and applied to every line it encodes:
+    # nmt_nfkc rewrites text (NFKC: "…" -> "...", full-width -> ASCII), _cf also lower-cases, identity keeps it
+    normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"
 
 
 class Tokenizer:
@@ -265,6 +268,7 @@ def _train_model(
             model_type=cfg.type,
             vocab_size=cfg.vocab_size,
             character_coverage=cfg.character_coverage,
+            normalization_rule_name=cfg.normalization,
             input_sentence_size=cfg.input_sentence_size,  # never more lines than this: nothing left to sample
             max_sentence_length=MAX_SENTENCE_BYTES,
             shuffle_input_sentence=True,

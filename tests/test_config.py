@@ -88,6 +88,7 @@ def test_unknown_section(tmp_path):
         ("model", "tie_output", "yes", "model.tie_output': expected true or false"),
         ("tokenizer", "vocab_size", 3, "tokenizer.vocab_size': 3 must be in .16, 16777216."),
         ("tokenizer", "character_coverage", 0.95, "tokenizer.character_coverage': 0.95 must be in .0.98, 1."),
+        ("tokenizer", "normalization", "nfc", "tokenizer.normalization': 'nfc' is not one of 'nmt_nfkc', 'nfkc'"),
         ("data", "max_len_ratio", 0.5, "data.max_len_ratio': 0.5 must be >= 1"),  # the longer/shorter ratio is >= 1
     ],
 )

@@ -110,6 +110,24 @@ def test_the_same_text_and_seed_give_the_same_model_bytes(tmp_path):
     assert _trained_apart(tmp_path, "c", seed=4).read_bytes() != first.read_bytes()  # another sample
 
 
+REWRITTEN = ["Er sagte … nichts！", "ein cafe\u0301 am ﬂuss"]  # an ellipsis, full-width "!", NFD, a ligature
+
+
+@pytest.mark.parametrize(
+    "rule,decoded",
+    [
+        ("nmt_nfkc", ["Er sagte ... nichts!", "ein caf\u00e9 am fluss"]),  # the default rewrites the text
+        ("nmt_nfkc_cf", ["er sagte ... nichts!", "ein caf\u00e9 am fluss"]),  # and lower-cases it
+        ("identity", REWRITTEN),  # identity keeps it
+    ],
+)
+def test_normalization_rule(tmp_path, rule, decoded):
+    # The rule is saved in the model: the tokenizer returned is the file loaded, as translate and the
+    # CTranslate2 export (which copies the file) load it.
+    tok, _ = train_or_load_tokenizers(_cfg(normalization=rule), SRC + REWRITTEN * 20, TRG, *_joint(tmp_path))
+    assert tok.decode(tok.encode(REWRITTEN)) == decoded
+
+
 def test_decode_ignores_pad_bos_eos(tmp_path):
     tok, _ = train_or_load_tokenizers(_cfg(), SRC, TRG, *_joint(tmp_path))
     ids = tok.encode(SRC[:2])
