@@ -44,12 +44,16 @@ def average_weights(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Te
     return out
 
 
-def dev_bleu(translator, cfg: Config, dev_src: list[str], dev_trg: list[str]) -> tuple[float, list[str]]:
+def dev_bleu(
+    translator, cfg: Config, dev_src: list[str], dev_trg: list[str], between_batches: Callable[[], None] | None = None
+) -> tuple[float, list[str]]:
     """dev BLEU and translations as validation makes them: ``train.validate_beam_size`` on the first
-    ``train.validate_max_sentences`` sentences."""
+    ``train.validate_max_sentences`` sentences. ``between_batches`` is called after each decoding
+    batch (it may raise to give the validation up)."""
     n = cfg.train.validate_max_sentences or len(dev_src)
     decode = replace(cfg.decode, beam_size=cfg.train.validate_beam_size, nbest=1)
-    hyps = [h[0] for h in translator.translate(dev_src[:n], decode)]
+    progress = None if between_batches is None else lambda tokens: between_batches()
+    hyps = [h[0] for h in translator.translate(dev_src[:n], decode, progress)]
     return bleu_only(hyps, dev_trg[:n]), hyps
 
 

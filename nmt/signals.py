@@ -1,5 +1,6 @@
-"""Stopping on SIGINT/SIGTERM without losing work: the first signal lets the update finish and a
-checkpoint be written; a second SIGINT exits at once (safe: every checkpoint write is atomic)."""
+"""Stopping on SIGINT/SIGTERM without losing work: the first signal lets the update finish (or
+gives up a validation between two of its batches) and a checkpoint be written; a second SIGINT
+exits at once (safe: every checkpoint write is atomic)."""
 
 from __future__ import annotations
 
@@ -19,6 +20,14 @@ class Interrupted(NMTError):
         self.exit_code = 128 + signum
 
 
+class SignalPending(KeyboardInterrupt):
+    """A signal held by a ``SignalGuard``, raised by long work that checks for one between its steps."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 class SignalGuard:
     """While active, SIGINT and SIGTERM are recorded in ``received`` instead of stopping the process."""
 
@@ -30,6 +39,11 @@ class SignalGuard:
         if self.received is not None and signum == signal.SIGINT:
             os._exit(130)
         self.received = signum
+
+    def check(self) -> None:
+        """Raise ``SignalPending`` if a signal has come: where long work can stop between two steps."""
+        if self.received is not None:
+            raise SignalPending(self.received)
 
     def __enter__(self) -> SignalGuard:
         for s in (signal.SIGINT, signal.SIGTERM):

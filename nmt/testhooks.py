@@ -11,6 +11,9 @@
 - ``NMT_TEST_FP16_ON_CPU=1``: fp16 counts as runnable on a CPU (torch has fp16 autocast and a
   GradScaler there), so tests run the fp16 training path, loss scaling included, without a GPU.
   Users keep the rule that fp16 needs one.
+- ``NMT_TEST_SLOW_VALIDATION=SECONDS:FILE``: at each step of a validation, where it looks for a
+  signal, rank 0 appends a line to FILE and sleeps SECONDS (the tests that interrupt a validation).
+  In-process tests set ``validation_step`` to a callable instead.
 """
 
 from __future__ import annotations
@@ -27,8 +30,10 @@ KILL_BEFORE_RENAME = "NMT_TEST_KILL_BEFORE_RENAME"
 PARAM_DIGESTS = "NMT_TEST_PARAM_DIGESTS"
 HOLD_SHARD = "NMT_TEST_HOLD_SHARD"
 FP16_ON_CPU = "NMT_TEST_FP16_ON_CPU"
+SLOW_VALIDATION = "NMT_TEST_SLOW_VALIDATION"
 
 before_rename: Callable[[Path], None] | None = None  # set by in-process tests
+validation_step: Callable[[], None] | None = None  # set by in-process tests
 _state_writes = 0  # training-state checkpoints written by this process, for KILL_BEFORE_RENAME
 
 
@@ -68,3 +73,14 @@ def encoding_shard(index: int) -> None:
 def fp16_on_cpu() -> bool:
     """Whether tests have let fp16 run on a CPU (FP16_ON_CPU)."""
     return os.environ.get(FP16_ON_CPU) == "1"
+
+
+def validating() -> None:
+    """Called by rank 0 at each step of a validation (before it, after each batch), before it looks for a signal."""
+    if validation_step is not None:
+        validation_step()
+    seconds, _, marker = os.environ.get(SLOW_VALIDATION, "").partition(":")
+    if seconds:
+        with open(marker, "a", encoding="utf-8") as f:
+            f.write("step\n")
+        time.sleep(float(seconds))

@@ -33,7 +33,7 @@ from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
-from nmt.signals import Interrupted
+from nmt.signals import Interrupted, SignalPending
 from nmt.translate import Translator
 
 # fp16 stops when its loss scale falls below this (fairseq's min_loss_scale): from torch's initial
@@ -80,18 +80,31 @@ class Progress:
         return cls(**{k: v for k, v in d.items() if k in names})
 
 
-def evaluate_loss(model, corpus: EncodedCorpus, tok, max_tokens: int, precision, device) -> float:
-    """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus."""
+def evaluate_loss(
+    model,
+    corpus: EncodedCorpus,
+    tok,
+    max_tokens: int,
+    precision,
+    device,
+    between_batches: Callable[[], None] | None = None,
+) -> float:
+    """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus. ``between_batches``
+    is called after each batch (it may raise to give the evaluation up)."""
     was_training = model.training
     model.eval()
     nll_total, tokens = 0.0, 0
-    with torch.inference_mode():
-        for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
-            batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
-            _, nll = teacher_forced_loss(model, model, batch, 0.0, tok.pad_id, precision)
-            nll_total += nll.item()
-            tokens += batch.n_trg_tokens
-    model.train(was_training)
+    try:
+        with torch.inference_mode():
+            for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
+                batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
+                _, nll = teacher_forced_loss(model, model, batch, 0.0, tok.pad_id, precision)
+                nll_total += nll.item()
+                tokens += batch.n_trg_tokens
+                if between_batches is not None:
+                    between_batches()
+    finally:
+        model.train(was_training)
     return nll_total / max(tokens, 1)
 
 
@@ -373,25 +386,47 @@ class Trainer:
 
     # -- validation and checkpoints ---------------------------------------------------------
 
-    def validate(self) -> dict | None:
+    def validate(self, check_signal: Callable[[], None] = lambda: None) -> dict | None:
         """Dev loss and BLEU, the best model kept, a training-state checkpoint (all on rank 0);
-        every rank then shares the verdict (best score, patience). Returns rank 0's record."""
-        record = self._validate_here() if self.world.is_main else None
-        if self.world.enabled:
+        every rank then shares the verdict (best score, patience). Returns rank 0's record.
+
+        ``check_signal`` raises ``SignalPending`` where a signal has come. Rank 0 calls it as it
+        starts, after each dev batch and once done, and every rank then raises what it raised: a
+        validation given up so has written nothing (torchrun would kill the ranks before a long
+        one ended); the caller saves the training state, and the resumed run validates again."""
+        world, record, signum = self.world, None, None
+        if world.is_main:
+            try:
+                record = self._validate_here(check_signal)
+            except KeyboardInterrupt as e:
+                if not world.enabled:
+                    raise
+                signum = getattr(e, "signum", signal.SIGINT)
+        if world.enabled:
             keys = ("best_bleu", "best_loss", "best_update", "bad_validations", "last_validated")
-            shared = distributed.broadcast({k: getattr(self.progress, k) for k in keys}, self.world)
+            verdict = {k: getattr(self.progress, k) for k in keys}
+            shared = distributed.broadcast({**verdict, "signal": signum}, world)
+            signum = shared.pop("signal")
             for key, value in shared.items():
                 setattr(self.progress, key, value)
+            if signum is not None:
+                raise SignalPending(signum)
         return record
 
-    def _validate_here(self) -> dict:
+    def _validate_here(self, check_signal: Callable[[], None]) -> dict:
         cfg, p, data = self.cfg, self.progress, self.data
         start = time.perf_counter()
+
+        def step() -> None:
+            testhooks.validating()
+            check_signal()
+
+        step()
         try:
             dev_loss = evaluate_loss(
-                self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device
+                self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device, step
             )
-            bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg)
+            bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg, step)
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             self.save()
             first = (str(e).strip().splitlines() or [""])[0]
@@ -424,6 +459,7 @@ class Trainer:
             payload = {"model": self.model.state_dict(), "progress": asdict(p), **self._fingerprint()}
             self.checkpoints.save_best(payload, p.update, bleu, dev_loss)
         self.save()
+        check_signal()  # one that came as the validation ended stops the run now, on every rank
         return record
 
     def average(self) -> None:

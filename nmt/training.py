@@ -34,15 +34,16 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
 def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update."""
     trainer.setup(config_file=config_file)
-    reason = run_loop(trainer)
     p = trainer.progress
-    trainer.log(f"stopping: {reason}")
-    try:
+    with SignalGuard() as signals:
+        reason = run_loop(trainer, signals)
+        trainer.log(f"stopping: {reason}")
         if p.last_validated != p.update:
-            trainer.validate()
+            validate(trainer, signals)
+    try:
         if trainer.cfg.train.average_last:
             trainer.average()
-    except KeyboardInterrupt as e:  # past the loop's signal guard: the updates since the last checkpoint stay
+    except KeyboardInterrupt as e:  # past the signal guard: the updates since the last checkpoint stay
         trainer.save()
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
@@ -68,14 +69,34 @@ def stop_reason(t: TrainConfig, p: Progress) -> str | None:
     return None
 
 
-def run_loop(trainer: Trainer) -> str:
+def validation_due(t: TrainConfig, p: Progress) -> bool:
+    """Whether the update a run resumes at still lacks the validation it was due (one given up for a
+    signal, or failed): the resumed run does it first, as an uninterrupted run would have."""
+    return p.update > 0 and p.update % t.validate_every == 0 and p.last_validated != p.update
+
+
+def validate(trainer: Trainer, signals: SignalGuard) -> None:
+    """Validate now. A signal that comes meanwhile ends the run at once (rank 0 gives the
+    validation up between two batches): the training state is saved, to be validated on resume."""
+    try:
+        trainer.validate(signals.check)
+    except KeyboardInterrupt as e:
+        trainer.save()
+        raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
+
+
+def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
     """Update until a stopping rule fires; returns it. Wall time (validation included) adds up
     over every session of the run, so ``max_minutes`` counts the whole run."""
     t, p = trainer.cfg.train, trainer.progress
     per_update = t.accumulate * trainer.world.world_size
     clock_base, clock_start = p.elapsed_seconds, time.perf_counter()
     report = Report(trainer)
-    with SignalGuard() as signals:
+    try:
+        if validation_due(t, p):
+            validate(trainer, signals)
+            p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+            report.restart_window()
         while (reason := stop_reason(t, p)) is None:
             plan = trainer.epoch_plan()
             if p.batch_in_epoch == 0:
@@ -92,17 +113,20 @@ def run_loop(trainer: Trainer) -> str:
                     [p.elapsed_seconds, float(signals.received or 0)], trainer.world, trainer.device, op="max"
                 )
                 signals.received = int(signum) or None
+            # What every rank agreed on: one that comes during the validation is rank 0's to act on
+            # there; on the other ranks it waits for the next update's agreement.
+            stop = signals.received
             if stats is not None:
                 report.update(stats)
                 if p.update % t.validate_every == 0:
-                    trainer.validate()
+                    validate(trainer, signals)
                     p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
                     report.restart_window()
-            if signals.received is not None:
-                report.close()
+            if stop is not None:
                 trainer.save()
-                raise trainer.interrupted(signals.received)
-    report.close()
+                raise trainer.interrupted(stop)
+    finally:
+        report.close()
     return reason
 
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -35,15 +37,19 @@ def _pairs(n: int) -> list[tuple[str, str]]:
     return out
 
 
-def _train(config: Path, sets: list[str], nproc: int, env: dict) -> None:
+def _command(config: Path, sets: list[str], nproc: int) -> list[str]:
     if nproc == 1:
         cmd = [sys.executable, "-m", "nmt", "train"]
     else:
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         cmd += ["-m", "nmt", "train"]
-    cmd += ["--config", str(config)] + [a for s in sets for a in ("--set", s)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    return cmd + ["--config", str(config)] + [a for s in sets for a in ("--set", s)]
+
+
+def _train(config: Path, sets: list[str], nproc: int, env: dict) -> str:
+    done = subprocess.run(_command(config, sets, nproc), env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
+    return done.stderr
 
 
 def _weights(run_dir: Path, update: int) -> dict[str, torch.Tensor]:
@@ -109,11 +115,41 @@ def test_resume_with_a_different_number_of_ranks(setup):
     resumed = _run_dir(setup, "resumed")
     _train(config, resumed + ["train.accumulate=1", "train.max_updates=3"], 2, env)
     _train(config, resumed + ["train.accumulate=2"], 1, env)  # the same global batch on one process
-    reference = root / "single"
-    if not reference.exists():
-        _train(config, _run_dir(setup, "single") + ["train.accumulate=2"], 1, env)
-    assert _max_diff(_weights(root / "resumed", UPDATES), _weights(reference, UPDATES)) <= 1e-5
+    assert _max_diff(_weights(root / "resumed", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
     assert "resuming at update 3" in (root / "resumed" / "train.log").read_text()
+
+
+def _reference(setup) -> Path:
+    """One process with ``train.accumulate: 2``: what two ranks with 1 must equal."""
+    root, config, _, _, env = setup
+    if not (root / "single").exists():
+        _train(config, _run_dir(setup, "single") + ["train.accumulate=2"], 1, env)
+    return root / "single"
+
+
+def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup):
+    # torchrun passes the signal on and kills the ranks 30 s later: rank 0 gives the validation up
+    # at its next batch, where it would otherwise have decoded the whole dev set first.
+    root, config, _, _, env = setup
+    steps = root / "validation-steps"
+    sets = _run_dir(setup, "stopped") + ["train.accumulate=1", "train.validate_every=3", "decode.batch_tokens=64"]
+    slow = {**env, "NMT_TEST_SLOW_VALIDATION": f"1:{steps}"}
+    proc = subprocess.Popen(_command(config, sets, 2), env=slow, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not steps.exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert "SIGTERM received: checkpoint written at update 3" in err, err[-3000:]
+    assert len(steps.read_text().splitlines()) <= 2  # of dozens of decoding batches
+    state = checkpoint.load(root / "stopped" / "checkpoints" / "update_00000003.pt")
+    assert state["progress"]["last_validated"] != 3
+
+    # Resumed on one process with the same global batches: the update it stopped at is validated first.
+    log = _train(config, sets[:-3] + ["train.accumulate=2", "train.validate_every=3"], 1, env)
+    assert log.index("validation at update 3:") < log.index("validation at update 6:")
+    assert _max_diff(_weights(root / "stopped", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
 
 
 def test_share_gives_every_rank_its_round_robin_part():

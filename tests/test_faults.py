@@ -322,3 +322,51 @@ def test_a_run_that_lost_its_tokenizer_is_refused_and_left_as_it_was(tmp_path, c
     assert "Traceback" not in err
     assert not (run / "spm.model").exists()
     assert file_times(run) == before
+
+
+def comparable_records(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without its wall-clock fields."""
+    import json
+
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in r.items() if k not in ("elapsed", "seconds")} for r in records]
+
+
+def test_a_signal_during_a_validation_gives_it_up_and_the_resumed_run_validates_first(tmp_path, monkeypatch, capsys):
+    # torchrun kills its ranks 30 s after passing a signal on, so a long validation must not run to
+    # its end first: it is given up between two batches, and the resumed run does it again.
+    from nmt import testhooks
+
+    settings = ["--set", "decode.batch_tokens=16"]  # several decoding batches, a check after each
+    train = {"max_updates": 6, "validate_every": 3, "warmup_updates": 2, "threads": 1, "fp32_matmul": "blas"}
+    straight = tiny_config(tmp_path / "a", attention="explicit", **train)
+    assert main(["train", "--config", str(straight), *settings]) == 0
+
+    steps = []
+
+    def signal_at_the_third_step():
+        steps.append(1)
+        if len(steps) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setattr(testhooks, "validation_step", signal_at_the_third_step)
+    stopped = tiny_config(tmp_path / "b", attention="explicit", **train)
+    capsys.readouterr()
+    assert main(["train", "--config", str(stopped), *settings]) == 143
+    err = capsys.readouterr().err
+    assert "SIGTERM received: checkpoint written at update 3" in err and "Traceback" not in err
+    assert len(steps) == 3  # no batch decoded after the signal
+    run = tmp_path / "b" / "run"
+    assert checkpoint.load(run / "checkpoints" / "update_00000003.pt")["progress"]["last_validated"] == -1
+    assert not any(r["type"] == "valid" for r in comparable_records(run)) and not (run / "dev.hyp").exists()
+
+    monkeypatch.setattr(testhooks, "validation_step", None)
+    assert main(["train", "--config", str(stopped), *settings]) == 0
+    assert "validation at update 3:" in capsys.readouterr().err
+    assert comparable_records(run) == comparable_records(tmp_path / "a" / "run")
+    names = sorted(p.name for p in (run / "checkpoints").glob("*.pt"))
+    assert names == sorted(p.name for p in (tmp_path / "a" / "run" / "checkpoints").glob("*.pt"))
+    for name in names:
+        a, b = (checkpoint.load(r / "checkpoints" / name) for r in (tmp_path / "a" / "run", run))
+        assert a["progress"]["best_update"] == b["progress"]["best_update"], name
+        assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
