@@ -18,9 +18,13 @@ from typing import Any, NoReturn
 import torch
 import torch.distributed as dist
 
-# Rank 0 prepares the data and validates while the others wait in a collective: allow for a
-# long preparation. torchrun tears the whole job down anyway if any rank dies.
-_TIMEOUT = timedelta(hours=6)
+# Rank 0 works alone while the others wait: it prepares the data (SentencePiece and the encoding
+# of a WMT corpus take an hour or more), measures kernels, validates and averages. Those waits go
+# through a gloo group of their own with a long timeout. Every other collective (each update's
+# gradients and statistics) keeps PyTorch's default timeout, 30 min on gloo and 10 min on NCCL,
+# so a rank that stops or hangs mid-training ends the job within that, not hours later.
+SOLO_WORK_TIMEOUT = timedelta(hours=6)
+_solo_work_group: Any = None  # the group for those waits, once ``init`` has made it
 
 
 @dataclass(frozen=True)
@@ -60,15 +64,17 @@ def backend_for(device: torch.device) -> str:
 
 
 def init(world: World, device: torch.device) -> None:
+    global _solo_work_group
     if world.enabled and not dist.is_initialized():
-        dist.init_process_group(
-            backend=backend_for(device), rank=world.rank, world_size=world.world_size, timeout=_TIMEOUT
-        )
+        dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
+        _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
 
 
 def shutdown() -> None:
+    global _solo_work_group
     if dist.is_initialized():
         dist.destroy_process_group()
+    _solo_work_group = None
 
 
 def exit_rank(code: int) -> NoReturn:
@@ -85,9 +91,15 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def barrier(world: World) -> None:
+def _group(solo_work: bool) -> Any:
+    """The group a collective goes through: ``solo_work``, one where ranks wait for rank 0's work alone."""
+    return _solo_work_group if solo_work else None
+
+
+def barrier(world: World, solo_work: bool = False) -> None:
+    """Every rank waits for the others; ``solo_work``: for rank 0's work alone (SOLO_WORK_TIMEOUT)."""
     if world.enabled:
-        dist.barrier()
+        dist.barrier(group=_group(solo_work))
 
 
 def no_buffer_sync() -> dict[str, bool]:
@@ -113,10 +125,11 @@ def all_reduce(values: list[float], world: World, device: torch.device, op: str 
     return t.tolist()
 
 
-def broadcast(obj: Any, world: World) -> Any:
-    """Rank 0's ``obj`` on every rank (a small picklable value)."""
+def broadcast(obj: Any, world: World, solo_work: bool = False) -> Any:
+    """Rank 0's ``obj`` on every rank (a small picklable value); ``solo_work``: the others wait
+    for rank 0's work alone (SOLO_WORK_TIMEOUT)."""
     if not world.enabled:
         return obj
     holder = [obj]
-    dist.broadcast_object_list(holder, src=0)
+    dist.broadcast_object_list(holder, src=0, group=_group(solo_work))
     return holder[0]

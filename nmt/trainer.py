@@ -169,7 +169,7 @@ class Trainer:
         # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.
         if world.is_main:
             self.data: Prepared = prepare(cfg, self.run, self.log)
-        distributed.barrier(world)
+        distributed.barrier(world, solo_work=True)
         if not world.is_main:
             self.data = prepare(cfg, self.run, self.log)
         tok = self.data.trg_tok
@@ -228,7 +228,7 @@ class Trainer:
             choice = autotune.choose(
                 request, cfg.model, vocab_size, t.max_tokens, d.max_len, self.device, self.log, world_threads
             )
-        choice = distributed.broadcast(choice, world)
+        choice = distributed.broadcast(choice, world, solo_work=True)
         autotune.apply_threads(choice)
         self.log(("auto: " if choice.timings else "kernels: ") + choice.describe())
         return choice
@@ -405,7 +405,7 @@ class Trainer:
         if world.enabled:
             keys = ("best_bleu", "best_loss", "best_update", "bad_validations", "last_validated")
             verdict = {k: getattr(self.progress, k) for k in keys}
-            shared = distributed.broadcast({**verdict, "signal": signum}, world)
+            shared = distributed.broadcast({**verdict, "signal": signum}, world, solo_work=True)
             signum = shared.pop("signal")
             for key, value in shared.items():
                 setattr(self.progress, key, value)

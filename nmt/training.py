@@ -48,8 +48,9 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
     # Every rank reaches the end before any tears down: gloo aborted now and then when one
-    # rank destroyed its group while another was still in its last collective.
-    distributed.barrier(trainer.world)
+    # rank destroyed its group while another was still in its last collective. The others
+    # wait here for rank 0's averaging.
+    distributed.barrier(trainer.world, solo_work=True)
     return p
 
 

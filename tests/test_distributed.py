@@ -152,6 +152,54 @@ def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup):
     assert _max_diff(_weights(root / "stopped", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
 
 
+# Each rank: the timeouts of its two groups; then, with the default group's cut to 1 s, whether the
+# others outlast 3 s of rank 0's work alone, waiting in the group made for that, and in the default one.
+WAITS = """
+import sys, time
+from datetime import timedelta
+import torch
+import torch.distributed as dist
+from nmt import distributed
+
+world = distributed.world_from_environment()
+distributed.init(world, torch.device("cpu"))
+cpu = torch.device("cpu")
+default, solo = dist.group.WORLD._get_backend(cpu), distributed._solo_work_group._get_backend(cpu)
+print(default.options._timeout, solo.options._timeout)
+default._set_default_timeout(timedelta(seconds=1))
+for solo_work in (True, False):
+    if world.is_main:
+        time.sleep(3)
+    try:
+        distributed.barrier(world, solo_work=solo_work)
+        print("waited")
+    except RuntimeError:
+        print("timed out")
+sys.stdout.flush()
+distributed.exit_rank(0)
+"""
+
+
+def test_only_waits_for_rank_0_s_work_alone_have_the_long_timeout(tmp_path):
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "WORLD_SIZE": "2"}
+    env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1")
+    ranks = [
+        subprocess.Popen(
+            [sys.executable, "-c", WAITS], env={**env, "RANK": str(r), "LOCAL_RANK": str(r)}, stdout=subprocess.PIPE
+        )
+        for r in (0, 1)
+    ]
+    rank1 = ranks[1].communicate(timeout=120)[0].decode().splitlines()
+    ranks[0].kill()  # its last wait may never end: rank 1 gave up on it
+    ranks[0].wait()
+    assert rank1 == ["0:30:00 6:00:00", "waited", "timed out"]
+
+
 def test_share_gives_every_rank_its_round_robin_part():
     group = [[1], [2], [3]]
     assert [share(group, World(rank=r, world_size=2)) for r in (0, 1)] == [[[1], [3]], [[2]]]
