@@ -341,7 +341,8 @@ def _run(args: argparse.Namespace) -> int:
             return args.func(args)
     except NMTError as e:
         message = str(e).replace("\n", " ")
-        print(f"nmt {args.command}: error: {message}", file=sys.stderr)
+        if message:  # none: another process (a torchrun rank) reports it
+            print(f"nmt {args.command}: error: {message}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):

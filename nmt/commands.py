@@ -20,11 +20,13 @@ def log(message: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from nmt import distributed
     from nmt.config import load_config
     from nmt.training import train
 
-    cfg = load_config(args.config, args.set)
-    train(cfg, log, Path(args.config))
+    with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
+        cfg = load_config(args.config, args.set)
+        train(cfg, log, Path(args.config))
     return 0
 
 

@@ -4,19 +4,31 @@
 without them everything here is a no-op for a single process. Gradients are averaged by
 ``DistributedDataParallel``; the few other values every rank must agree on (the update's
 statistics, whether to stop, the validation outcome) travel through the small collectives below.
+
+A failure is reported once: a step one rank does alone, or all do alike, ends with ``agree``,
+which tells every rank how it went, so that the lowest rank with a message prints it and the
+others end quietly with its exit status; a rank whose peer went away says so in one line.
 """
 
 from __future__ import annotations
 
 import inspect
 import os
+import signal
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import torch
 import torch.distributed as dist
+
+from nmt.errors import NMTError, SharedError
+from nmt.signals import SignalPending
+
+T = TypeVar("T")
 
 # Rank 0 works alone while the others wait: it prepares the data (SentencePiece and the encoding
 # of a WMT corpus take an hour or more), measures kernels, validates and averages. Those waits go
@@ -25,6 +37,7 @@ import torch.distributed as dist
 # so a rank that stops or hangs mid-training ends the job within that, not hours later.
 SOLO_WORK_TIMEOUT = timedelta(hours=6)
 _solo_work_group: Any = None  # the group for those waits, once ``init`` has made it
+_joined = False  # whether this process has joined the ranks' group (from then on they can agree)
 
 
 @dataclass(frozen=True)
@@ -64,10 +77,11 @@ def backend_for(device: torch.device) -> str:
 
 
 def init(world: World, device: torch.device) -> None:
-    global _solo_work_group
+    global _solo_work_group, _joined
     if world.enabled and not dist.is_initialized():
         dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
         _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
+        _joined = True
 
 
 def shutdown() -> None:
@@ -96,12 +110,6 @@ def _group(solo_work: bool) -> Any:
     return _solo_work_group if solo_work else None
 
 
-def barrier(world: World, solo_work: bool = False) -> None:
-    """Every rank waits for the others; ``solo_work``: for rank 0's work alone (SOLO_WORK_TIMEOUT)."""
-    if world.enabled:
-        dist.barrier(group=_group(solo_work))
-
-
 def no_buffer_sync() -> dict[str, bool]:
     """DDP keyword that skips syncing buffers before every forward (ours are constants), in this torch's name."""
     from torch.nn.parallel import DistributedDataParallel
@@ -125,11 +133,121 @@ def all_reduce(values: list[float], world: World, device: torch.device, op: str 
     return t.tolist()
 
 
-def broadcast(obj: Any, world: World, solo_work: bool = False) -> Any:
-    """Rank 0's ``obj`` on every rank (a small picklable value); ``solo_work``: the others wait
-    for rank 0's work alone (SOLO_WORK_TIMEOUT)."""
+def broadcast(obj: Any, world: World) -> Any:
+    """Rank 0's ``obj`` on every rank (a small picklable value)."""
     if not world.enabled:
         return obj
     holder = [obj]
-    dist.broadcast_object_list(holder, src=0, group=_group(solo_work))
+    dist.broadcast_object_list(holder, src=0)
     return holder[0]
+
+
+class Stopped(NMTError):
+    """This rank ends because another failed and reports why: no message, the failure's exit status."""
+
+    def __init__(self, exit_code: int):
+        super().__init__("")
+        self.exit_code = exit_code
+
+
+class PeerLost(NMTError):
+    """A collective failed because another rank went away or stopped answering."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one rank's step failed, as the others learn it."""
+
+    message: str
+    exit_code: int
+    signum: int | None = None  # a signal ended it
+
+
+def _outcome(error: BaseException) -> Outcome:
+    if isinstance(error, KeyboardInterrupt):
+        signum = getattr(error, "signum", signal.SIGINT)
+        return Outcome("interrupted", 128 + signum, signum)
+    if isinstance(error, NMTError):
+        return Outcome(str(error), error.exit_code)
+    return Outcome(f"{type(error).__name__}: {error}", 1)  # a bug: that rank shows its traceback
+
+
+def agree(world: World, work: Callable[[], T], solo_work: bool = False) -> T:
+    """``work``'s result, once every rank knows that its step went well on all (every rank calls
+    this; ``work`` may do nothing on some). Where it failed, a rank raises its own error unless a
+    lower rank failed with the same message, so an error common to all is reported once, by rank
+    0; the others end quietly (``Stopped``) with the first failure's exit status, or as
+    interrupted (``SignalPending``) where a signal ended it. ``solo_work``: rank 0's work alone."""
+    if not world.enabled:
+        return work()
+    error: BaseException | None = None
+    result = None
+    try:
+        result = work()
+    except (Exception, KeyboardInterrupt) as e:
+        error = e
+    outcomes: list[Outcome | None] = [None] * world.world_size
+    dist.all_gather_object(outcomes, None if error is None else _outcome(error), group=_group(solo_work))
+    failed = [(rank, o) for rank, o in enumerate(outcomes) if o is not None]
+    if not failed:
+        return result
+    if error is not None and _outcome(error).message not in {o.message for r, o in failed if r < world.rank}:
+        raise error
+    first = failed[0][1]
+    if first.signum is not None:
+        raise SignalPending(first.signum)
+    raise Stopped(first.exit_code)
+
+
+# What gloo says when the other end of a collective is gone, or silent past the timeout (NCCL
+# raises DistBackendError).
+_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "pair closure", "timed out")
+
+
+def peer_lost(error: BaseException) -> bool:
+    """Whether ``error`` is a collective failing because another rank went away or stopped answering."""
+    if isinstance(error, dist.DistError):
+        return True
+    text = str(error).lower()
+    return isinstance(error, RuntimeError) and any(phrase in text for phrase in _PEER_GONE)
+
+
+@contextmanager
+def reported_once(world: World) -> Iterator[None]:
+    """Around a torchrun rank's whole command: what its failure prints. An error every rank raises
+    alike (``SharedError``, an interruption, a bad config before the ranks could agree) is printed
+    by rank 0 alone (one per machine before they agree); an error of this rank's own keeps its
+    message, which names the rank; a collective that failed because a peer went away becomes one
+    line instead of gloo's traceback."""
+    if not world.enabled:
+        yield
+        return
+    try:
+        yield
+    except Stopped:
+        raise
+    except SharedError as e:
+        if not world.is_main:
+            raise Stopped(e.exit_code) from None
+        raise
+    except NMTError as e:
+        if not _joined:  # every rank read the same config and found the same devices
+            if world.local_rank > 0:
+                raise Stopped(e.exit_code) from None
+            raise
+        if not world.is_main:
+            error = NMTError(f"rank {world.rank}: {e}")
+            error.exit_code = e.exit_code
+            raise error from None
+        raise
+    except KeyboardInterrupt as e:  # every rank had the signal: rank 0 says so
+        if not world.is_main:
+            raise Stopped(128 + getattr(e, "signum", signal.SIGINT)) from None
+        raise
+    except Exception as e:
+        if not peer_lost(e):
+            raise
+        what = "stopped answering (see its messages)" if "timed out" in str(e).lower() else "stopped (see its message)"
+        raise PeerLost(f"rank {world.rank}: another rank {what}") from None

@@ -9,10 +9,10 @@ import signal
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from nmt.errors import NMTError
+from nmt.errors import SharedError
 
 
-class Interrupted(NMTError):
+class Interrupted(SharedError):
     """Training stopped by a signal after writing a checkpoint; exits 128 + the signal number."""
 
     def __init__(self, message: str, signum: int):

@@ -25,7 +25,7 @@ from nmt.average import average_last, dev_bleu, dev_scorer
 from nmt.batching import BatchPlan, derived_seed, make_batch, token_batches
 from nmt.config import Config
 from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
-from nmt.errors import NMTError
+from nmt.errors import NMTError, SharedError
 from nmt.files import atomic_write_bytes
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
@@ -33,7 +33,7 @@ from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
-from nmt.signals import Interrupted, SignalPending
+from nmt.signals import Interrupted
 from nmt.translate import Translator
 
 # fp16 stops when its loss scale falls below this (fairseq's min_loss_scale): from torch's initial
@@ -156,22 +156,15 @@ class Trainer:
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
         distributed.init(world, self.device)
-        if world.is_main:
-            self.cfg = cfg = self.run.open_for_training(cfg, config_file, self.log)
-            try:
-                self._log_file = open(self.run.log_path, "a", encoding="utf-8")
-            except OSError as e:
-                raise NMTError(f"{self.run.log_path}: cannot open the training log ({e.strerror})") from None
-            for message in early:
-                self._to_log_file(message)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
-        # Rank 0 prepares (tokenizers, shards); the others then find it done and only open it.
-        if world.is_main:
-            self.data: Prepared = prepare(cfg, self.run, self.log)
-        distributed.barrier(world, solo_work=True)
-        if not world.is_main:
-            self.data = prepare(cfg, self.run, self.log)
+        # Rank 0 takes the run and prepares the data while the others wait; they then find it done
+        # and only open it. Each step ends with every rank knowing whether it went well everywhere.
+        distributed.agree(world, lambda: self._take_run(config_file, early) if world.is_main else None, solo_work=True)
+        self.data: Prepared = distributed.agree(
+            world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log)
+        )
+        cfg = self.cfg
         tok = self.data.trg_tok
         self.choice = self._choose_kernels(tok.vocab_size)
         self.precision = Precision(self.device.type, self.choice.precision)
@@ -194,10 +187,7 @@ class Trainer:
         self.translator = Translator(
             self.model, self.data.src_tok, tok, self.device, self.precision, self.log, self.choice.decoding()
         )
-        if resume:
-            self._resume()
-        if world.is_main:  # the run's config.yaml changes only once the run has started with it
-            self.run.write_config(cfg)
+        distributed.agree(world, lambda: self._resume_and_record(resume))
         self.ddp = None
         if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
             from torch.nn.parallel import DistributedDataParallel
@@ -213,6 +203,24 @@ class Trainer:
             f"{self.device}{ranks}, precision {self.precision.name}; {len(self.data.train)} training pairs"
         )
 
+    def _take_run(self, config_file, early: list[str]) -> None:
+        """Rank 0: the run's lock (refusing a config that cannot resume it), its log (with the
+        ``early`` messages, said before it was open), and its data prepared (tokenizers, shards)."""
+        self.cfg = self.run.open_for_training(self.cfg, config_file, self.log)
+        try:
+            self._log_file = open(self.run.log_path, "a", encoding="utf-8")
+        except OSError as e:
+            raise NMTError(f"{self.run.log_path}: cannot open the training log ({e.strerror})") from None
+        for message in early:
+            self._to_log_file(message)
+        self.data = prepare(self.cfg, self.run, self.log)
+
+    def _resume_and_record(self, resume: bool) -> None:
+        if resume:
+            self._resume()
+        if self.world.is_main:  # the run's config.yaml changes only once the run has started with it
+            self.run.write_config(self.cfg)
+
     def _choose_kernels(self, vocab_size: int) -> autotune.Choice:
         """Precision, attention kernel and threads: the config's, or measured where it says auto.
         Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores."""
@@ -220,15 +228,17 @@ class Trainer:
         world_threads = None
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
             world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
-        choice = None
         autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
-        if world.is_main:
-            request = autotune.Request.from_train(cfg.train)
-            t, d = cfg.train, cfg.data
-            choice = autotune.choose(
+
+        def measure() -> autotune.Choice | None:
+            if not world.is_main:
+                return None
+            request, t, d = autotune.Request.from_train(cfg.train), cfg.train, cfg.data
+            return autotune.choose(
                 request, cfg.model, vocab_size, t.max_tokens, d.max_len, self.device, self.log, world_threads
             )
-        choice = distributed.broadcast(choice, world, solo_work=True)
+
+        choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)
         autotune.apply_threads(choice)
         self.log(("auto: " if choice.timings else "kernels: ") + choice.describe())
         return choice
@@ -361,7 +371,7 @@ class Trainer:
         scale = self.scaler.get_scale()
         self.log(f"update {p.update + 1}: fp16 gradients overflowed, skipped; loss scale now {scale:g}")
         if scale < MIN_LOSS_SCALE:
-            raise NMTError(
+            raise SharedError(  # every rank's gradients are the same after DDP's all-reduce, so is its scale
                 f"training diverged: the fp16 loss scale fell to {scale:.2g}, below {MIN_LOSS_SCALE:g}, so the "
                 "gradients overflow at any scale (lower train.lr_peak, raise train.warmup_updates, or set "
                 "train.precision to bf16 or fp32)"
@@ -375,7 +385,7 @@ class Trainer:
         p.skipped_updates += 1
         self.log(f"update {p.update + 1}: non-finite loss or gradient norm, skipped ({p.nonfinite_in_row} in a row)")
         if p.nonfinite_in_row >= limit:
-            raise NMTError(
+            raise SharedError(  # every rank skipped the same updates: their statistics are summed
                 f"training diverged: {p.nonfinite_in_row} non-finite updates in a row "
                 "(lower train.lr_peak or raise train.warmup_updates; config key 'train.max_nonfinite')"
             )
@@ -394,23 +404,15 @@ class Trainer:
         starts, after each dev batch and once done, and every rank then raises what it raised: a
         validation given up so has written nothing (torchrun would kill the ranks before a long
         one ended); the caller saves the training state, and the resumed run validates again."""
-        world, record, signum = self.world, None, None
-        if world.is_main:
-            try:
-                record = self._validate_here(check_signal)
-            except KeyboardInterrupt as e:
-                if not world.enabled:
-                    raise
-                signum = getattr(e, "signum", signal.SIGINT)
+        world = self.world
+        record = distributed.agree(
+            world, lambda: self._validate_here(check_signal) if world.is_main else None, solo_work=True
+        )
         if world.enabled:
             keys = ("best_bleu", "best_loss", "best_update", "bad_validations", "last_validated")
-            verdict = {k: getattr(self.progress, k) for k in keys}
-            shared = distributed.broadcast({**verdict, "signal": signum}, world, solo_work=True)
-            signum = shared.pop("signal")
+            shared = distributed.broadcast({k: getattr(self.progress, k) for k in keys}, world)
             for key, value in shared.items():
                 setattr(self.progress, key, value)
-            if signum is not None:
-                raise SignalPending(signum)
         return record
 
     def _validate_here(self, check_signal: Callable[[], None]) -> dict:

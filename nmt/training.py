@@ -40,17 +40,16 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
         trainer.log(f"stopping: {reason}")
         if p.last_validated != p.update:
             validate(trainer, signals)
+    # Every rank reaches the end before any tears down (gloo aborted now and then when one rank
+    # destroyed its group while another was still in its last collective): the others wait
+    # here for rank 0's averaging.
+    average = trainer.average if trainer.cfg.train.average_last else lambda: None
     try:
-        if trainer.cfg.train.average_last:
-            trainer.average()
+        distributed.agree(trainer.world, average, solo_work=True)
     except KeyboardInterrupt as e:  # past the signal guard: the updates since the last checkpoint stay
         trainer.save()
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
-    # Every rank reaches the end before any tears down: gloo aborted now and then when one
-    # rank destroyed its group while another was still in its last collective. The others
-    # wait here for rank 0's averaging.
-    distributed.barrier(trainer.world, solo_work=True)
     return p
 
 

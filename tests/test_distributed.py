@@ -16,13 +16,15 @@ import pytest
 import torch
 from conftest import tiny_config, write_corpus
 
-from nmt import checkpoint
+from nmt import checkpoint, distributed
 from nmt.batching import token_batches
 from nmt.config import load_config
-from nmt.distributed import World, share
+from nmt.distributed import Outcome, PeerLost, Stopped, World, share
+from nmt.errors import NMTError
 from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
+from nmt.signals import Interrupted, SignalPending
 
 WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
 UPDATES = 6
@@ -141,7 +143,8 @@ def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup):
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
-    assert "SIGTERM received: checkpoint written at update 3" in err, err[-3000:]
+    assert err.count("SIGTERM received: checkpoint written at update 3") == 1, err[-3000:]  # rank 0 says it
+    assert "[rank" not in err  # no rank's traceback (torchrun prefixes them; its own, for the signal, stays)
     assert len(steps.read_text().splitlines()) <= 2  # of dozens of decoding batches
     state = checkpoint.load(root / "stopped" / "checkpoints" / "update_00000003.pt")
     assert state["progress"]["last_validated"] != 3
@@ -168,10 +171,8 @@ default, solo = dist.group.WORLD._get_backend(cpu), distributed._solo_work_group
 print(default.options._timeout, solo.options._timeout)
 default._set_default_timeout(timedelta(seconds=1))
 for solo_work in (True, False):
-    if world.is_main:
-        time.sleep(3)
     try:
-        distributed.barrier(world, solo_work=solo_work)
+        distributed.agree(world, lambda: time.sleep(3) if world.is_main else None, solo_work=solo_work)
         print("waited")
     except RuntimeError:
         print("timed out")
@@ -198,6 +199,106 @@ def test_only_waits_for_rank_0_s_work_alone_have_the_long_timeout(tmp_path):
     ranks[0].kill()  # its last wait may never end: rank 1 gave up on it
     ranks[0].wait()
     assert rank1 == ["0:30:00 6:00:00", "waited", "timed out"]
+
+
+@pytest.mark.parametrize(
+    "sets, message",
+    [
+        (["data.train=/nowhere/corpus"], "no such corpus: /nowhere/corpus"),  # found by rank 0 alone
+        (["train.no_such_key=1"], "train.no_such_key"),  # found by every rank, before they can agree
+        (["model.d_model=32"], "model.d_model: 64 -> 32"),  # a resume refused (by rank 0, as it takes the run)
+    ],
+)
+def test_bad_input_under_torchrun_is_one_line_from_rank_0(setup, sets, message):
+    root, config, _, _, env = setup
+    run_dir = _reference(setup)  # a run with checkpoints, left as it was
+    cmd = _command(config, [f"run_dir={run_dir}", "train.threads=1", *sets], 2)
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    ours = done.stderr.split("ChildFailedError")[0]  # torchrun's report of the failed job follows
+    assert ours.count("nmt train: error:") == 1 and message in ours, ours[-3000:]
+    assert "[rank" not in ours  # no rank's traceback (torchrun prefixes them)
+    assert "exitcode  : 2" in done.stderr.split("Failures:")[1]  # rank 1 ended as rank 0 did
+
+
+def test_a_rank_whose_peer_died_says_so_in_one_line(setup):
+    root, config, _, _, env = setup
+    sets = _run_dir(setup, "killed") + ["train.validate_every=2"]
+    killed = {**env, "NMT_TEST_KILL_BEFORE_RENAME": "1"}  # rank 0, as it writes its first checkpoint
+    done = subprocess.run(_command(config, sets, 2), env=killed, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert "[rank" not in ours and "Connection closed" not in ours, ours[-3000:]
+    # Rank 1 says why it ends, unless torchrun's SIGTERM to it came first (then it ends interrupted).
+    said = "nmt train: error: rank 1: another rank stopped (see its message)" in ours
+    failures = done.stderr.split("Failures:")[1]
+    assert said or "exitcode  : 143" in failures or "SIGTERM" in failures
+    assert ours.count("nmt train: error:") == int(said)
+
+
+def _gathered(monkeypatch, outcomes: list) -> None:
+    """The outcomes every rank sends in ``agree``, as if gathered from two processes."""
+
+    def all_gather_object(into, mine, group=None):
+        into[:] = [mine if o == "mine" else o for o in outcomes]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+
+
+def test_agree_reports_each_failure_once_and_ends_the_other_ranks_with_its_status(monkeypatch):
+    rank1 = World(rank=1, world_size=2)
+
+    def fail(message: str, code: int = 2):
+        def work():
+            error = NMTError(message)
+            error.exit_code = code
+            raise error
+
+        return work
+
+    _gathered(monkeypatch, [Outcome("no such corpus", 3), None])  # rank 0 failed alone
+    with pytest.raises(Stopped) as stopped:
+        distributed.agree(rank1, lambda: None)
+    assert stopped.value.exit_code == 3 and str(stopped.value) == ""
+
+    _gathered(monkeypatch, [Outcome("cannot resume", 2), "mine"])  # both alike: rank 0 reports it
+    with pytest.raises(Stopped):
+        distributed.agree(rank1, fail("cannot resume"))
+
+    _gathered(monkeypatch, [Outcome("cannot resume", 2), "mine"])  # an error of its own stays visible
+    with pytest.raises(NMTError, match="damaged shard"):
+        distributed.agree(rank1, fail("damaged shard"))
+
+    _gathered(monkeypatch, [Outcome("interrupted", 143, signal.SIGTERM), None])  # rank 0 stopped for a signal
+    with pytest.raises(SignalPending) as pending:
+        distributed.agree(rank1, lambda: None)
+    assert pending.value.signum == signal.SIGTERM
+
+    _gathered(monkeypatch, [None, None])
+    assert distributed.agree(rank1, lambda: 7) == 7
+
+
+def test_a_rank_reports_only_what_is_its_own(monkeypatch):
+    rank1 = World(rank=1, world_size=2, local_rank=1, local_world_size=2)
+
+    def ended(error: BaseException) -> BaseException:
+        with pytest.raises(BaseException) as raised:
+            with distributed.reported_once(rank1):
+                raise error
+        return raised.value
+
+    lost = ended(RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1234."))
+    assert isinstance(lost, PeerLost) and str(lost) == "rank 1: another rank stopped (see its message)"
+    timeout = ended(RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting 1800000ms for recv"))
+    assert str(timeout) == "rank 1: another rank stopped answering (see its messages)"
+    interrupted = ended(Interrupted("SIGTERM received: checkpoint written at update 3", signal.SIGTERM))
+    assert isinstance(interrupted, Stopped) and interrupted.exit_code == 143 and str(interrupted) == ""
+    assert isinstance(ended(NMTError("train.no_such_key: unknown key")), Stopped)  # before the ranks joined
+    monkeypatch.setattr(distributed, "_joined", True)
+    own = ended(NMTError("a training shard holds token id 999"))
+    assert str(own) == "rank 1: a training shard holds token id 999" and own.exit_code == 2
+    bug = ended(ValueError("a bug"))
+    assert isinstance(bug, ValueError)  # with its traceback
 
 
 def test_share_gives_every_rank_its_round_robin_part():
