@@ -68,6 +68,8 @@ class Progress:
     elapsed_seconds: float = 0.0  # wall time of training and validation over all sessions of the run
     trg_tokens: int = 0
     last_validated: int = -1
+    world_size: int = 0  # processes (torchrun ranks) training it (0: not known, a checkpoint of an earlier version)
+    update_batches: int = 0  # batches of the plan per update: train.accumulate x world_size (0: not known)
 
     @property
     def update_epoch(self) -> int:
@@ -106,6 +108,37 @@ def evaluate_loss(
     finally:
         model.train(was_training)
     return nll_total / max(tokens, 1)
+
+
+def _count(n: int, noun: str) -> str:
+    return f"{n} {noun}" + ("" if n == 1 else "es")
+
+
+def processes(world: distributed.World) -> str:
+    """How many processes ``world`` has, in words: "2 processes", "16 processes, 8 per machine"."""
+    text = _count(world.world_size, "process")
+    if world.local_world_size != world.world_size:
+        text += f", {world.local_world_size} per machine"
+    return text
+
+
+def world_size_change(saved: Progress, world: int, accumulate: int) -> str | None:
+    """The line a resume on another number of processes than ``saved`` was trained on logs: an
+    update takes train.accumulate x processes batches, so its size changes unless accumulate
+    makes up for it. None where the number is the same, or not known (an earlier version's)."""
+    if saved.world_size in (0, world) or saved.update_batches <= 0:
+        return None
+    batches, before = accumulate * world, saved.update_batches
+    change = f"resuming on {_count(world, 'process')}, not {saved.world_size}"
+    if batches == before:
+        return f"{change}: an update still takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world})"
+    keep = "no train.accumulate keeps it"
+    if before % world == 0:
+        keep = f"--set train.accumulate={before // world} keeps it"
+    return (
+        f"warning: {change}: an update now takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world}), "
+        f"not {before}; {keep}"
+    )
 
 
 def rank_seed(seed: int, rank: int, update: int) -> int:
@@ -188,6 +221,7 @@ class Trainer:
             self.model, self.data.src_tok, tok, self.device, self.precision, self.log, self.choice.decoding()
         )
         distributed.agree(world, lambda: self._resume_and_record(resume))
+        self.progress.world_size, self.progress.update_batches = world.world_size, t.accumulate * world.world_size
         self.ddp = None
         if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
             from torch.nn.parallel import DistributedDataParallel
@@ -259,6 +293,9 @@ class Trainer:
         self.log(
             f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}"
         )
+        change = world_size_change(p, self.world.world_size, self.cfg.train.accumulate)
+        if change is not None:
+            self.log(change)
         batches = len(self.epoch_plan())
         moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
         if moved != (p.epoch, p.batch_in_epoch):
@@ -493,11 +530,12 @@ class Trainer:
 
     def interrupted(self, signum: int) -> Interrupted:
         """What ends a run stopped by a signal once its checkpoint is written."""
-        return Interrupted(
-            f"{signal.Signals(signum).name} received: checkpoint written at update {self.progress.update}; "
-            f"resume with: nmt train --config {self.run.config_path}",
-            signum,
-        )
+        command = f"nmt train --config {self.run.config_path}"
+        how = f"with: {command}"
+        if self.world.enabled:  # the same ranks, so that an update keeps its batches
+            how = f"with the same torchrun options ({processes(self.world)}): torchrun ... -m {command}"
+        name, update = signal.Signals(signum).name, self.progress.update
+        return Interrupted(f"{name} received: checkpoint written at update {update}; resume {how}", signum)
 
     def _fingerprint(self) -> dict:
         return {"fingerprint": self.run.fingerprint(self.cfg)}

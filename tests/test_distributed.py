@@ -25,6 +25,7 @@ from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
 from nmt.signals import Interrupted, SignalPending
+from nmt.trainer import Progress, Trainer, world_size_change
 
 WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
 UPDATES = 6
@@ -116,9 +117,12 @@ def test_resume_with_a_different_number_of_ranks(setup):
     root, config, _, _, env = setup
     resumed = _run_dir(setup, "resumed")
     _train(config, resumed + ["train.accumulate=1", "train.max_updates=3"], 2, env)
+    assert checkpoint.load(root / "resumed" / "checkpoints" / "update_00000003.pt")["progress"]["world_size"] == 2
     _train(config, resumed + ["train.accumulate=2"], 1, env)  # the same global batch on one process
     assert _max_diff(_weights(root / "resumed", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
-    assert "resuming at update 3" in (root / "resumed" / "train.log").read_text()
+    log = (root / "resumed" / "train.log").read_text()
+    assert "resuming at update 3" in log
+    assert "resuming on 1 process, not 2: an update still takes 2 batches (train.accumulate 2 x 1)" in log
 
 
 def _reference(setup) -> Path:
@@ -144,6 +148,7 @@ def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup):
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert err.count("SIGTERM received: checkpoint written at update 3") == 1, err[-3000:]  # rank 0 says it
+    assert "resume with the same torchrun options (2 processes): torchrun ... -m nmt train --config" in err
     assert "[rank" not in err  # no rank's traceback (torchrun prefixes them; its own, for the signal, stays)
     assert len(steps.read_text().splitlines()) <= 2  # of dozens of decoding batches
     state = checkpoint.load(root / "stopped" / "checkpoints" / "update_00000003.pt")
@@ -299,6 +304,35 @@ def test_a_rank_reports_only_what_is_its_own(monkeypatch):
     assert str(own) == "rank 1: a training shard holds token id 999" and own.exit_code == 2
     bug = ended(ValueError("a bug"))
     assert isinstance(bug, ValueError)  # with its traceback
+
+
+def test_a_resume_on_another_number_of_processes_says_what_keeps_the_update_s_size():
+    def change(world_size: int, update_batches: int, world: int, accumulate: int) -> str | None:
+        return world_size_change(Progress(world_size=world_size, update_batches=update_batches), world, accumulate)
+
+    same = "resuming on 1 process, not 2: an update still takes 2 batches (train.accumulate 2 x 1)"
+    assert change(2, 2, 1, 2) == same
+    assert change(2, 2, 1, 1) == (
+        "warning: resuming on 1 process, not 2: an update now takes 1 batch (train.accumulate 1 x 1), not 2; "
+        "--set train.accumulate=2 keeps it"
+    )
+    assert change(2, 6, 4, 1).endswith("not 6; no train.accumulate keeps it")
+    assert change(2, 2, 2, 1) is None  # the same number
+    assert change(0, 0, 2, 1) is None  # a checkpoint of an earlier version: not known
+
+
+def test_the_resume_hint_of_a_torchrun_job_names_its_processes(tmp_path):
+    cfg = load_config(tiny_config(tmp_path))
+    trainer = Trainer(cfg, RunDir(cfg.run_dir), lambda m: None)
+    trainer.progress.update = 7
+    trainer.world = World(rank=0, world_size=16, local_rank=0, local_world_size=8)
+    assert str(trainer.interrupted(signal.SIGTERM)) == (
+        "SIGTERM received: checkpoint written at update 7; resume with the same torchrun options "
+        f"(16 processes, 8 per machine): torchrun ... -m nmt train --config {tmp_path / 'run' / 'config.yaml'}"
+    )
+    trainer.world = World()
+    alone = str(trainer.interrupted(signal.SIGINT))
+    assert alone.endswith(f"resume with: nmt train --config {tmp_path / 'run' / 'config.yaml'}")
 
 
 def test_share_gives_every_rank_its_round_robin_part():
