@@ -88,7 +88,7 @@ def _run_dir(setup, name: str) -> list[str]:
     run_dir.mkdir()
     shutil.copy(prepared / "spm.model", run_dir / "spm.model")
     shutil.copy(prepared / "spm.vocab", run_dir / "spm.vocab")
-    return [f"run_dir={run_dir}", f"train.max_tokens={max_tokens}", "train.threads=1"]
+    return [f"run_dir={run_dir}", f"train.max_tokens={max_tokens}", "train.threads=1", "train.attention=sdpa"]
 
 
 @pytest.mark.parametrize("library", ["blas", "onednn"])  # oneDNN hands some weight gradients over transposed
