@@ -187,7 +187,7 @@ def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(t
 
     losses = iter([5.2, 4.8, 4.5, 4.5, 4.7])
     monkeypatch.setattr(nmt.trainer, "evaluate_loss", lambda *args: next(losses))
-    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg: (0.0, ["" for _ in src]))
+    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg, *step: (0.0, ["" for _ in src]))
     trainer = make_trainer(tmp_path, patience=2, warmup_updates=1)
     p, t = trainer.progress, trainer.cfg.train
     verdicts = []
