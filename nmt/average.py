@@ -133,7 +133,7 @@ def average_last(
     payload = {"model": averaged.state_dict()}
     if "fingerprint" in payloads[-1]:
         payload["fingerprint"] = payloads[-1]["fingerprint"]
-    manager.save_average(payload, name, bleu, updates)
+    manager.save_average(payload, name, bleu, updates, by_training=fewer_ok)  # fewer_ok: training's own
     verdict = "used by default" if bleu > best else "kept, but the best single checkpoint stays the default"
     log(
         f"average of updates {', '.join(map(str, updates))}: dev BLEU {bleu:.2f} against the best single "

@@ -174,13 +174,21 @@ class CheckpointManager:
             _remove(self.directory / b["file"])
         return True
 
-    def save_average(self, payload: dict, name: str, score: float, updates: list[int]) -> Path:
-        """An averaged model (``nmt.average``), recorded in the index with its dev score."""
+    def save_average(
+        self, payload: dict, name: str, score: float, updates: list[int], by_training: bool = False
+    ) -> Path:
+        """An averaged model (``nmt.average``), recorded in the index with its dev score. One made at the
+        end of training (``by_training``) replaces the one training made before, whatever its name
+        (a run that averaged fewer checkpoints than ``train.average_last`` and trained on); one made
+        with ``nmt average`` is kept, to be chosen by name."""
         path = self.directory / name
         save(payload, path)
         index = self.read_index()
-        index["average"] = {"file": name, "score": score, "updates": updates}
+        before = index.get("average") or {}
+        index["average"] = {"file": name, "score": score, "updates": updates, "by_training": by_training}
         atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
+        if by_training and before.get("by_training") and before.get("file") not in (None, name):
+            _remove(self.directory / before["file"])
         return path
 
     def best_path(self) -> Path | None:

@@ -144,3 +144,20 @@ def test_a_run_with_one_checkpoint_skips_averaging(tmp_path, capsys):
     assert "best dev BLEU" in err
     index = json.loads((tmp_path / "run" / "checkpoints" / "index.json").read_text())
     assert "average" not in index
+
+
+def test_training_s_own_average_replaces_its_earlier_one_and_keeps_one_made_by_hand(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10, keep_last=5, average_last=3)
+    directory = tmp_path / "run" / "checkpoints"
+    assert main(["train", "--config", str(config)]) == 0  # two validations: average_last_2.pt
+    assert (directory / "average_last_2.pt").exists()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=30"]) == 0
+    assert (directory / "average_last_3.pt").exists()
+    assert not (directory / "average_last_2.pt").exists()  # training's earlier one, named nowhere now
+    assert not (directory / "average_last_2.pt.sha256").exists()
+    assert main(["average", "--model", str(tmp_path / "run"), "--last", "2"]) == 0  # by hand: kept
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 0
+    index = json.loads((directory / "index.json").read_text())
+    assert index["average"]["file"] == "average_last_3.pt" and index["average"]["updates"] == [20, 30, 40]
+    assert (directory / "average_last_2.pt").exists()
+    capsys.readouterr()
