@@ -182,7 +182,9 @@ class Trainer:
             self.log(message)
 
         self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback, warn=warn)
-        check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))  # before any work
+        # Before any work, and before the ranks join: every rank finds the same, and says it alike.
+        check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))
+        autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
         if self.device.type == "cpu":
             prepare_cpu_process()
         if world.enabled and self.device.type == "cuda":
@@ -262,7 +264,6 @@ class Trainer:
         world_threads = None
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
             world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
-        autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
 
         def measure() -> autotune.Choice | None:
             if not world.is_main:

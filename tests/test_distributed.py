@@ -348,3 +348,49 @@ def test_exit_rank_flushes_output_and_keeps_the_exit_code():
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output to a pipe is then buffered
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (done.returncode, done.stdout, done.stderr) == (143, "done\n", "note")
+
+
+def test_ranks_take_the_latest_clock_after_a_validation(monkeypatch):
+    # Each rank reads its own clock after a validation; one a millisecond ahead would stop at
+    # max_minutes alone and leave the other waiting in a collective. They take the latest.
+    from types import SimpleNamespace
+
+    from nmt.training import agreed_clock
+
+    other_rank = 100.002
+
+    def all_reduce(tensor, op=None):
+        assert op == torch.distributed.ReduceOp.MAX
+        tensor.copy_(torch.maximum(tensor, torch.full_like(tensor, other_rank)))
+
+    monkeypatch.setattr(torch.distributed, "all_reduce", all_reduce)
+    trainer = SimpleNamespace(world=World(rank=0, world_size=2), device=torch.device("cpu"))
+    assert agreed_clock(trainer, 100.001) == other_rank
+    assert agreed_clock(trainer, 100.003) == 100.003
+    alone = SimpleNamespace(world=World(rank=0, world_size=1), device=torch.device("cpu"))
+    assert agreed_clock(alone, 100.001) == 100.001
+
+
+def test_a_kernel_setting_no_rank_can_run_is_one_line_from_rank_0(setup, tmp_path):
+    # As a torch build without oneDNN (or a GPU job) meets train.fp32_matmul: onednn: every rank
+    # finds it alike, so rank 0 alone says so.
+    root, config, _, _, env = setup
+    script = tmp_path / "no_onednn.py"
+    script.write_text(
+        "import sys\nimport nmt.autotune\nnmt.autotune.onednn_available = lambda: False\n"
+        "from nmt.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    cmd += [
+        "train",
+        "--config",
+        str(config),
+        "--set",
+        f"run_dir={tmp_path / 'run'}",
+        "--set",
+        "train.fp32_matmul=onednn",
+    ]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert done.returncode != 0
+    assert ours.count("nmt train: error:") == 1 and "cannot send products to oneDNN" in ours, ours[-3000:]
