@@ -85,6 +85,14 @@ def validate(trainer: Trainer, signals: SignalGuard) -> None:
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
 
 
+def agreed_clock(trainer: Trainer, elapsed: float) -> float:
+    """The run's wall time as every rank takes it (the latest rank's), so that ``max_minutes`` stops
+    them all at the same update: a rank that stopped alone would leave the others in a collective."""
+    if not trainer.world.enabled:
+        return elapsed
+    return distributed.all_reduce([elapsed], trainer.world, trainer.device, op="max")[0]
+
+
 def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
     """Update until a stopping rule fires; returns it. Wall time (validation included) adds up
     over every session of the run, so ``max_minutes`` counts the whole run."""
@@ -95,7 +103,7 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
     try:
         if validation_due(t, p):
             validate(trainer, signals)
-            p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+            p.elapsed_seconds = agreed_clock(trainer, clock_base + time.perf_counter() - clock_start)
             report.restart_window()
         while (reason := stop_reason(t, p)) is None:
             plan = trainer.epoch_plan()
@@ -120,7 +128,7 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
                 report.update(stats)
                 if p.update % t.validate_every == 0:
                     validate(trainer, signals)
-                    p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+                    p.elapsed_seconds = agreed_clock(trainer, clock_base + time.perf_counter() - clock_start)
                     report.restart_window()
             if stop is not None:
                 trainer.save()
