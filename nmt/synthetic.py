@@ -257,7 +257,9 @@ def write_synthetic_corpus(
     """Write train/dev/test parallel files; dev and test sources never occur in train.
 
     Returns split name -> file prefix (append ".{lang}"). A second call with the same
-    parameters finds meta.json and the files in place and writes nothing.
+    parameters finds meta.json and the files in place and writes nothing; a directory holding
+    a corpus made with other parameters, or files of these names without meta.json, is an
+    error: its files may be another run's training or test data.
     """
     out_dir = Path(out_dir)
     sizes = {"train": n_train, "dev": n_dev, "test": n_test}
@@ -265,12 +267,16 @@ def write_synthetic_corpus(
     meta = {"version": CORPUS_VERSION, "seed": seed, "src_lang": src_lang, "trg_lang": trg_lang, **sizes}
     files = [prefixes[s].with_name(f"{s}.{lang}") for s in sizes for lang in (src_lang, trg_lang)]
     meta_path = out_dir / "meta.json"
-    if _meta_matches(meta_path, meta) and all(f.is_file() for f in files):
+    _refuse_other_corpus(out_dir, meta_path, meta, files)
+    if meta_path.is_file() and all(f.is_file() for f in files):
         return prefixes
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise NMTError(f"cannot create synthetic corpus directory {out_dir}: {e.strerror}") from e
+    # meta.json comes first: it claims the directory, so an interrupted write leaves files that
+    # the same parameters complete (the corpus is deterministic) and other parameters refuse.
+    atomic_write_bytes(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     # Held-out splits come first so that one dedupe pass keeps them disjoint from train.
     pairs = generate_pairs(n_test + n_dev + n_train, seed)
     bounds = {"test": (0, n_test), "dev": (n_test, n_test + n_dev), "train": (n_test + n_dev, len(pairs))}
@@ -278,12 +284,32 @@ def write_synthetic_corpus(
         chunk = pairs[lo:hi]
         for side, lang in enumerate((src_lang, trg_lang)):
             atomic_write_bytes(out_dir / f"{split}.{lang}", "".join(p[side] + "\n" for p in chunk).encode())
-    atomic_write_bytes(meta_path, (json.dumps(meta, indent=2, sort_keys=True) + "\n").encode())
     return prefixes
 
 
-def _meta_matches(path: Path, meta: dict) -> bool:
+def _refuse_other_corpus(out_dir: Path, meta_path: Path, meta: dict, files: list[Path]) -> None:
+    """Raise unless the directory is free for this corpus or already holds it (complete or not)."""
+    way_out = f"delete {out_dir} to write it anew, or point data.train/dev/test elsewhere"
+    if not meta_path.exists():
+        present = [f.name for f in files if f.exists()]
+        if present:
+            raise NMTError(
+                f"synthetic corpus: {out_dir} holds {', '.join(present)} but no meta.json, "
+                f"so they are not a synthetic corpus it would rewrite; {way_out}"
+            )
+        return
     try:
-        return json.loads(path.read_text(encoding="utf-8")) == meta
-    except (OSError, ValueError):
-        return False
+        found = json.loads(meta_path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise NMTError(f"synthetic corpus: {meta_path} cannot be read ({e}); {way_out}") from e
+    if found == meta:
+        return
+    if not isinstance(found, dict):
+        found = {}
+    keys = [k for k in meta if found.get(k) != meta[k]] or sorted(set(found) - set(meta))
+    made = ", ".join(f"{k}={found.get(k)}" for k in keys)
+    asked = ", ".join(f"{k}={meta.get(k)}" for k in keys)
+    raise NMTError(
+        f"synthetic corpus: {out_dir} holds one made with {made} (its {meta_path.name}), not {asked}; "
+        f"it is not overwritten: {way_out}"
+    )

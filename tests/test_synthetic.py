@@ -116,11 +116,46 @@ def test_second_call_does_not_rewrite(tmp_path: Path) -> None:
     assert [f.stat().st_mtime_ns for f in files] == mtimes
 
 
-def test_changed_parameters_rewrite(tmp_path: Path) -> None:
+def test_other_parameters_never_overwrite_a_corpus(tmp_path: Path) -> None:
+    """Another run's corpus (here: the same directory asked with the languages swapped) is its
+    training and test data: an error that says what differs and the way out, files untouched."""
     syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=1)
-    before = (tmp_path / "train.src").read_text()
-    syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=2)
-    assert (tmp_path / "train.src").read_text() != before
+    before = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    asked = [
+        (
+            {"src_lang": "trg", "trg_lang": "src"},
+            "src_lang=src, trg_lang=trg (its meta.json), not src_lang=trg, trg_lang=src",
+        ),
+        ({"seed": 2}, "seed=1 (its meta.json), not seed=2"),
+        ({"n_train": 101}, "train=100 (its meta.json), not train=101"),
+    ]
+    for other, differs in asked:
+        with pytest.raises(NMTError) as err:
+            syn.write_synthetic_corpus(tmp_path, **{"n_train": 100, "n_dev": 10, "n_test": 10, **other})
+        message = str(err.value)
+        assert "\n" not in message and f"{tmp_path} holds one made with {differs}" in message
+        assert f"delete {tmp_path}" in message and "data.train/dev/test elsewhere" in message
+        assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == before
+
+
+def test_files_without_meta_json_are_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "train.src").write_text("mine\n")
+    with pytest.raises(NMTError, match="train.src but no meta.json"):
+        syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=1)
+    assert (tmp_path / "train.src").read_text() == "mine\n"
+
+
+def test_interrupted_corpus_is_completed_by_the_same_parameters(tmp_path: Path) -> None:
+    """meta.json is written first, so a write cut off after it leaves a directory that the same
+    parameters finish (the same files) and other parameters refuse."""
+    syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=1)
+    full = {f.name: f.read_bytes() for f in tmp_path.iterdir()}
+    for name in ("train.src", "train.trg", "dev.trg"):
+        (tmp_path / name).unlink()
+    with pytest.raises(NMTError, match="not seed=2"):
+        syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=2)
+    syn.write_synthetic_corpus(tmp_path, n_train=100, n_dev=10, n_test=10, seed=1)
+    assert {f.name: f.read_bytes() for f in tmp_path.iterdir()} == full
 
 
 def test_negative_size_is_user_error() -> None:
