@@ -13,7 +13,8 @@ import os
 import select
 import signal
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from nmt.config import DecodeConfig
@@ -33,8 +34,13 @@ def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> It
     if path is None:
         yield from _stdin_windows(lines_per_window)
         return
+    yield from line_windows(iter_lines(path), lines_per_window)
+
+
+def line_windows(lines: Iterable[str], lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
+    """``lines`` in consecutive windows of at most ``lines_per_window``, as a file is read."""
     window: list[str] = []
-    for line in iter_lines(path):
+    for line in lines:
         window.append(line)
         if len(window) == lines_per_window:
             yield window
@@ -172,6 +178,17 @@ def progress_bar(source: Path | None, tokenizer):
     if source is not None:
         total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
     return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
+
+
+def translate_lines(translator, lines: list[str], decode: DecodeConfig) -> list[str]:
+    """The best translation of every line (a blank one stays blank), in the windows
+    ``translate_into`` reads a file in: ``nmt compare`` scores a test set it holds in memory
+    exactly as ``eval-bleu --model`` scores the same lines from their files."""
+    from nmt.translate import translate_stream
+
+    out: list[str] = []
+    translate_stream(translator, line_windows(lines), replace(decode, nbest=1), out.extend)
+    return out
 
 
 def translate_into(

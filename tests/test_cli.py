@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import yaml
-from conftest import PAIRS, tiny_config
+from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt.cli import build_parser, main
 from nmt.config import config_from_dict
@@ -358,6 +358,34 @@ def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
     assert rnn_cells[9] == f"{json.loads(out_json)['bleu']:.2f}"
     assert (out / "compare.png").stat().st_size > 1000
     assert rows[1] in stdout and rows[2] in stdout
+
+
+def test_compare_scores_test_as_eval_bleu_does_blank_lines_included(trained_run, tmp_path, capsys):
+    """A test set with a blank source line and another blank reference: compare scores every line,
+    as eval-bleu --model does and sacreBLEU would, instead of dropping those pairs (BLEU 100)."""
+    import shutil
+
+    pairs = list(PAIRS)
+    pairs[1] = ("", pairs[1][1])
+    pairs[3] = (pairs[3][0], "")
+    test = write_corpus(tmp_path / "data", "test", pairs)
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["test"] = str(test)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "report"
+    code, _, err = run_cli(["compare", run, "--out", out], capsys)
+    assert code == 0, err
+    compared = json.loads((out / "compare.json").read_text())[0]["test"]
+    args = ["eval-bleu", "--model", run, "--src", f"{test}.de", "--ref", f"{test}.en", "--output", tmp_path / "hyp"]
+    code, out_json, err = run_cli([*args, "--json"], capsys)
+    assert code == 0, err
+    evaluated = json.loads(out_json)
+    assert compared == evaluated and compared["n_sentences"] == len(PAIRS)
+    hyps = (tmp_path / "hyp").read_text().splitlines()
+    assert evaluated["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [[t for _, t in pairs]]).score)
+    assert evaluated["bleu"] < 100
 
 
 def test_compare_without_matplotlib_fails_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
