@@ -117,7 +117,8 @@ def check_resumable(old: Config, new: Config) -> None:
 def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[str], None]) -> Config:
     """``new``, but with the beam size and length penalty 'nmt tune-decode' chose (its ``report``,
     tune_decode.json) where ``new`` only repeats the values they replaced: resuming with the config
-    the run started from keeps the tuned decoding. A value of its own replaces them, with a warning."""
+    the run started from keeps the tuned decoding. A value of its own replaces them, with a warning, and so
+    does a ``decode.nbest`` above the tuned beam (that pair would be an invalid config)."""
     try:
         tuned = json.loads(report.read_text())
         chosen, before = tuned["chosen"], tuned["before"]
@@ -129,6 +130,13 @@ def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[s
     if in_force != {k: chosen[k] for k in keys} or now == in_force:
         return new
     if now == {k: before[k] for k in keys}:
+        if new.decode.nbest > in_force["beam_size"]:  # the tuned beam cannot give this config's n-best lists
+            log(
+                f"warning: keeping the config's decode beam {now['beam_size']}, length penalty "
+                f"{now['length_penalty']}, not what 'nmt tune-decode' chose ({in_force['beam_size']}, "
+                f"{in_force['length_penalty']}): its decode.nbest {new.decode.nbest} is more than that beam"
+            )
+            return new
         tuned_text = f"beam {chosen['beam_size']}, length penalty {chosen['length_penalty']}"
         log(f"decode: keeping {tuned_text} ('nmt tune-decode')")
         return replace(new, decode=replace(new.decode, **in_force))

@@ -47,6 +47,21 @@ def grid(translate: Callable[[DecodeConfig], list[str]], refs: list[str], base: 
     return trials
 
 
+def beams_for_nbest(beams: list[int], nbest: int, log: Callable[[str], None]) -> list[int]:
+    """The beams that can give the run's ``decode.nbest`` hypotheses: a smaller one written into
+    config.yaml would make the config invalid for every later command."""
+    kept = [b for b in beams if b >= nbest]
+    if not kept:
+        raise NMTError(
+            f"tune-decode: every --beam-sizes value ({', '.join(map(str, beams))}) is smaller than the run's "
+            f"decode.nbest {nbest}; give beam sizes of at least {nbest}"
+        )
+    left_out = sorted(set(beams) - set(kept))
+    if left_out:
+        log(f"tune-decode: leaving out beam sizes {', '.join(map(str, left_out))}, smaller than decode.nbest {nbest}")
+    return kept
+
+
 def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Callable[[str], None]) -> Trial:
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
     from nmt.translate import load_translator
@@ -57,6 +72,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     cfg = run.config()
     for beam in beams:
         check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")
+    beams = beams_for_nbest(beams, cfg.decode.nbest, log)
     run.lock(log)
     try:
         translator = load_translator(run, device, None, log, which)

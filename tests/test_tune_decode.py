@@ -8,9 +8,9 @@ import yaml
 from conftest import tiny_config
 
 from nmt.cli import main
-from nmt.config import DecodeConfig
+from nmt.config import DecodeConfig, load_config
 from nmt.errors import NMTError
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, kept_tuned_decode
 from nmt.tune_decode import Trial, best_trial, grid, tune_decode
 
 
@@ -79,3 +79,31 @@ def test_resuming_with_the_original_config_keeps_the_tuned_decoding(tmp_path, ca
     assert main(["train", "--config", str(config), "--set", "train.max_updates=14", "--set", "decode.beam_size=2"]) == 0
     assert "replaces what 'nmt tune-decode' chose (1, 0.5)" in capsys.readouterr().err
     assert RunDir.existing(run).config().decode.beam_size == 2
+
+
+def test_beams_below_the_runs_nbest_are_left_out_so_the_config_stays_valid(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=10, validate_every=10, warmup_updates=1)  # decode: beam 3
+    assert main(["train", "--config", str(config), "--set", "decode.nbest=2"]) == 0
+    run = tmp_path / "run"
+    capsys.readouterr()
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1,2", "--length-penalties", "1"]) == 0
+    assert "leaving out beam sizes 1, smaller than decode.nbest 2" in capsys.readouterr().err
+    assert [t["beam_size"] for t in json.loads((run / "tune_decode.json").read_text())["trials"]] == [2]
+    decode = RunDir.existing(run).config().decode  # loads: the written config passes load_config's checks
+    assert (decode.beam_size, decode.nbest) == (2, 2)
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1"]) == 2
+    assert "every --beam-sizes value (1) is smaller than the run's decode.nbest 2" in capsys.readouterr().err
+
+
+def test_a_resume_config_whose_nbest_exceeds_the_tuned_beam_keeps_its_own_decoding(tmp_path):
+    config = tiny_config(tmp_path)  # decode: beam 3, length penalty 1.0
+    saved = load_config(config, ["decode.beam_size=2", "decode.length_penalty=0.6"])  # as tune-decode left it
+    report = tmp_path / "tune_decode.json"
+    chosen = {"beam_size": 2, "length_penalty": 0.6, "bleu": 30.0}
+    report.write_text(json.dumps({"chosen": chosen, "before": {"beam_size": 3, "length_penalty": 1.0}}))
+    logged = []
+    kept = kept_tuned_decode(load_config(config, ["decode.nbest=3"]), saved, report, logged.append)
+    assert (kept.decode.beam_size, kept.decode.length_penalty, kept.decode.nbest) == (3, 1.0, 3)
+    assert "its decode.nbest 3 is more than that beam" in logged[0]
+    kept = kept_tuned_decode(load_config(config, ["decode.nbest=2"]), saved, report, logged.append)
+    assert (kept.decode.beam_size, kept.decode.length_penalty, kept.decode.nbest) == (2, 0.6, 2)
