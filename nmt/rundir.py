@@ -114,16 +114,27 @@ def check_resumable(old: Config, new: Config) -> None:
         )
 
 
+def tuned_decode_report(report: Path) -> tuple[dict, dict] | None:
+    """The "chosen" and "before" decoding of a tune_decode.json, or None where there is none."""
+    try:
+        tuned = json.loads(report.read_text())
+        chosen, before = dict(tuned["chosen"]), dict(tuned["before"])
+    except (OSError, ValueError, KeyError, TypeError):  # never tuned, or by a version without "before"
+        return None
+    if not all(key in pair for pair in (chosen, before) for key in ("beam_size", "length_penalty")):
+        return None
+    return chosen, before
+
+
 def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[str], None]) -> Config:
     """``new``, but with the beam size and length penalty 'nmt tune-decode' chose (its ``report``,
     tune_decode.json) where ``new`` only repeats the values they replaced: resuming with the config
     the run started from keeps the tuned decoding. A value of its own replaces them, with a warning, and so
     does a ``decode.nbest`` above the tuned beam (that pair would be an invalid config)."""
-    try:
-        tuned = json.loads(report.read_text())
-        chosen, before = tuned["chosen"], tuned["before"]
-    except (OSError, ValueError, KeyError, TypeError):  # never tuned, or by a version without "before"
+    tuned = tuned_decode_report(report)
+    if tuned is None:
         return new
+    chosen, before = tuned
     keys = ("beam_size", "length_penalty")
     now = {k: getattr(new.decode, k) for k in keys}
     in_force = {k: getattr(saved.decode, k) for k in keys}

@@ -13,12 +13,13 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig, check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
-from nmt.rundir import RunDir
+from nmt.rundir import RunDir, tuned_decode_report
 from nmt.scoring import bleu_only
 
 
@@ -62,6 +63,18 @@ def beams_for_nbest(beams: list[int], nbest: int, log: Callable[[str], None]) ->
     return kept
 
 
+def untuned_decode(decode: DecodeConfig, report: Path) -> dict:
+    """The run's own beam size and length penalty, before any tuning: where ``decode`` holds what an
+    earlier tune-decode chose, that tuning's "before" (so a resume with the run's first config keeps
+    the latest tuned pair)."""
+    keys = ("beam_size", "length_penalty")
+    in_force = {k: getattr(decode, k) for k in keys}
+    earlier = tuned_decode_report(report)
+    if earlier is not None and {k: earlier[0].get(k) for k in keys} == in_force:
+        return {k: earlier[1].get(k) for k in keys}
+    return in_force
+
+
 def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Callable[[str], None]) -> Trial:
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
     from nmt.translate import load_translator
@@ -79,7 +92,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
         trials = grid(lambda d: [h[0] for h in translator.translate(src, d)], ref, cfg.decode, beams, penalties, log)
         best = best_trial(trials)
-        before = {"beam_size": cfg.decode.beam_size, "length_penalty": cfg.decode.length_penalty}
+        before = untuned_decode(cfg.decode, run.tune_decode_path)
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
         run.write_config(cfg)
         trials_done = [t.__dict__ for t in trials]

@@ -107,3 +107,17 @@ def test_a_resume_config_whose_nbest_exceeds_the_tuned_beam_keeps_its_own_decodi
     assert "its decode.nbest 3 is more than that beam" in logged[0]
     kept = kept_tuned_decode(load_config(config, ["decode.nbest=2"]), saved, report, logged.append)
     assert (kept.decode.beam_size, kept.decode.length_penalty, kept.decode.nbest) == (2, 0.6, 2)
+
+
+def test_tuning_again_keeps_the_runs_own_decoding_as_before(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=10, validate_every=10, warmup_updates=1)  # decode: beam 3, alpha 1.0
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    for alpha in ("0.5", "0.8"):
+        assert main(["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", alpha]) == 0
+        assert json.loads((run / "tune_decode.json").read_text())["before"] == {"beam_size": 3, "length_penalty": 1.0}
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=12"]) == 0
+    assert "keeping beam 2, length penalty 0.8 ('nmt tune-decode')" in capsys.readouterr().err
+    decode = RunDir.existing(run).config().decode
+    assert (decode.beam_size, decode.length_penalty) == (2, 0.8)
