@@ -37,14 +37,16 @@ def best_trial(trials: list[Trial]) -> Trial:
 
 def grid(translate: Callable[[DecodeConfig], list[str]], refs: list[str], base: DecodeConfig, beams, penalties, log):
     """Every (beam size, penalty) pair scored on dev, each once (a repeated value is tried at its
-    first place); beam 1 is greedy, so only one penalty for it."""
+    first place). Beam 1 is greedy, which no penalty changes: it is tried once, with ``base``'s
+    penalty, so that a greedy winner leaves the run's penalty for a later ``--beam-size``."""
     beams, penalties = list(dict.fromkeys(beams)), list(dict.fromkeys(penalties))
     trials = []
     for beam in beams:
-        for alpha in penalties if beam > 1 else penalties[:1]:
+        for alpha in penalties if beam > 1 else [base.length_penalty]:
             bleu = bleu_only(translate(replace(base, beam_size=beam, length_penalty=alpha, nbest=1)), refs)
             trials.append(Trial(beam, alpha, bleu))
-            log(f"beam {beam:2d}, length penalty {alpha:.2f}: dev BLEU {bleu:.2f}")
+            kept = " (greedy: the run's own)" if beam == 1 else ""
+            log(f"beam {beam:2d}, length penalty {alpha:.2f}{kept}: dev BLEU {bleu:.2f}")
     return trials
 
 

@@ -28,7 +28,7 @@ def test_tune_decode_writes_the_winner_into_the_run_config(tmp_path, capsys):
     args = ["tune-decode", "--model", str(run), "--beam-sizes", "1,3", "--length-penalties", "0.5,1.5"]
     assert main(args) == 0
     report = json.loads((run / "tune_decode.json").read_text())
-    assert [(t["beam_size"], t["length_penalty"]) for t in report["trials"]] == [(1, 0.5), (3, 0.5), (3, 1.5)]
+    assert [(t["beam_size"], t["length_penalty"]) for t in report["trials"]] == [(1, 1.0), (3, 0.5), (3, 1.5)]
     chosen = best_trial([Trial(**t) for t in report["trials"]])
     assert report["chosen"] == chosen.__dict__ and report["dev"] == before["data"]["dev"]["path"]
     cfg = RunDir.existing(run).config()
@@ -49,8 +49,8 @@ def test_the_grid_tries_each_pair_once_in_the_order_given():
         tried.append((decode.beam_size, decode.length_penalty))
         return ["a b c"]
 
-    trials = grid(translate, ["a b c"], DecodeConfig(), [1, 2, 2, 4], [1.0, 0.6, 1.0], lambda _: None)
-    assert tried == [(1, 1.0), (2, 1.0), (2, 0.6), (4, 1.0), (4, 0.6)]
+    trials = grid(translate, ["a b c"], DecodeConfig(length_penalty=0.7), [1, 2, 2, 4], [1.0, 0.6, 1.0], lambda _: None)
+    assert tried == [(1, 0.7), (2, 1.0), (2, 0.6), (4, 1.0), (4, 0.6)]  # greedy keeps the run's penalty
     assert [(t.beam_size, t.length_penalty) for t in trials] == tried
 
 
@@ -72,12 +72,12 @@ def test_resuming_with_the_original_config_keeps_the_tuned_decoding(tmp_path, ca
     assert json.loads((run / "tune_decode.json").read_text())["before"] == {"beam_size": 3, "length_penalty": 1.0}
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=12"]) == 0
-    assert "keeping beam 1, length penalty 0.5 ('nmt tune-decode')" in capsys.readouterr().err
+    assert "keeping beam 1, length penalty 1.0 ('nmt tune-decode')" in capsys.readouterr().err
     decode = RunDir.existing(run).config().decode
-    assert (decode.beam_size, decode.length_penalty) == (1, 0.5)
+    assert (decode.beam_size, decode.length_penalty) == (1, 1.0)  # greedy won: the run's own penalty stays
     # A value of the user's own replaces the tuned one, and says so.
     assert main(["train", "--config", str(config), "--set", "train.max_updates=14", "--set", "decode.beam_size=2"]) == 0
-    assert "replaces what 'nmt tune-decode' chose (1, 0.5)" in capsys.readouterr().err
+    assert "replaces what 'nmt tune-decode' chose (1, 1.0)" in capsys.readouterr().err
     assert RunDir.existing(run).config().decode.beam_size == 2
 
 
