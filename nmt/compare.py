@@ -31,6 +31,8 @@ class RunSummary:
     updates: int
     trg_tokens_per_s: float
     curve: list[dict] = field(default_factory=list)  # validation records
+    direction: str = ""  # "de->en"
+    test_set: str = ""  # the config's data.test, as it names it
     test: dict = field(default_factory=dict)  # bleu, chrf, signatures
     test_decoding: str = ""  # the settings the test score was decoded with
     decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
@@ -43,6 +45,9 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     train, valid = read_metrics(run_dir)
     if not train:
         raise NMTError(f"{run_dir}: the run has no training updates logged")
+    writer = run.writer()
+    if writer is not None:
+        log(f"warning: {run_dir} is being written ({writer}): scored at its latest checkpoint, not as finished")
     translator = load_translator(run)
     cfg = run.config()
     seconds = train[-1]["elapsed"]
@@ -54,6 +59,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
         updates=train[-1]["update"],
         trg_tokens_per_s=sum(r["trg_tokens"] for r in train) / max(seconds, 1e-9),
         curve=valid,
+        direction=f"{cfg.data.src_lang}->{cfg.data.trg_lang}",
     )
     spec = cfg.data.test
     if spec is None:
@@ -61,6 +67,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
         return summary
     # Every line, blank ones too, translated as eval-bleu --model translates them: the two
     # commands give the same score, sacreBLEU's, for the same run and test set.
+    summary.test_set = spec.path
     src, ref = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
     own = replace(cfg.decode, nbest=1)
     test_hyps = None
@@ -112,7 +119,18 @@ def markdown_table(runs: list[RunSummary]) -> str:
         if signature
         else ""
     )
-    return head + "\n".join(rows) + "\n" + foot
+    return head + "\n".join(rows) + "\n" + foot + _not_comparable(runs)
+
+
+def _not_comparable(runs: list[RunSummary]) -> str:
+    """A line saying so where the runs translate different directions or test sets: their scores
+    do not compare."""
+    scored = [r for r in runs if r.test]
+    kinds = {(r.direction, r.test_set) for r in scored}
+    if len(kinds) < 2:
+        return ""
+    each = "; ".join(f"{r.name}: {r.direction}, {r.test_set}" for r in scored)
+    return f"\n**Not comparable:** the runs translate different directions or test sets ({each}).\n"
 
 
 def _pyplot():
@@ -152,6 +170,8 @@ def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> 
     check_output_dir(out_dir, run_dirs)
     runs = [summarize_run(run, log) for run in runs_opened]
     table = markdown_table(runs)
+    if _not_comparable(runs):
+        log("warning: the runs translate different directions or test sets; their test scores do not compare")
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)
     atomic_write_bytes(out_dir / "compare.md", (table + f"\n![dev BLEU]({figure.name})\n").encode("utf-8"))

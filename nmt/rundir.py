@@ -81,6 +81,24 @@ class RunLock:
         os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n".encode(), 0)
         self._fd = fd
 
+    def holder(self) -> str | None:
+        """Who holds the lock now (as its file names them), or None where no process does; takes nothing."""
+        try:
+            import fcntl
+
+            fd = os.open(self.path, os.O_RDONLY)
+        except (ImportError, OSError):  # not POSIX, or never locked
+            return None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as the file closes
+        except BlockingIOError:
+            return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+        except OSError:  # a file system without locks
+            return None
+        finally:
+            os.close(fd)
+        return None
+
     def release(self) -> None:
         """Unlock; the file stays (removing it would let two processes lock different files)."""
         if self._fd is not None:
@@ -384,6 +402,10 @@ class RunDir:
         """The resolved config, with ``run_dir: .`` (the directory it lies in): the run can move."""
         text = config_yaml(cfg, run_dir=".", header=_HEADER)
         atomic_write_bytes(self.config_path, text.encode("utf-8"))
+
+    def writer(self) -> str | None:
+        """The process writing the run now ('nmt train', 'average', 'tune-decode'), or None."""
+        return None if self.writable else self._lock.holder()
 
     def close(self) -> None:
         self._lock.release()

@@ -529,3 +529,39 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path
     monkeypatch.setattr(commands, "cmd_translate", fail)
     with pytest.raises(RuntimeError, match="shape mismatch"):
         main(["translate", "--model", str(tmp_path)])
+
+
+def test_compare_says_when_runs_translate_different_test_sets(trained_run, tmp_path, capsys):
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(trained_run / "run", other)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["data"]["test"]["path"] = str(write_corpus(tmp_path / "data", "test", PAIRS[:3]))
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "report"
+    code, _, err = run_cli(["compare", trained_run / "run", other, "--out", out], capsys)
+    assert code == 0, err
+    assert "different directions or test sets" in err
+    table = (out / "compare.md").read_text()
+    assert "**Not comparable:**" in table and str(tmp_path / "data" / "test") in table
+    summaries = json.loads((out / "compare.json").read_text())
+    assert [s["direction"] for s in summaries] == ["de->en", "de->en"]
+    code, _, err = run_cli(["compare", trained_run / "run", trained_run / "run", "--out", tmp_path / "same"], capsys)
+    assert code == 0 and "different directions" not in err
+    assert "Not comparable" not in (tmp_path / "same" / "compare.md").read_text()
+
+
+def test_compare_warns_about_a_run_being_written(trained_run, tmp_path, capsys):
+    from nmt.rundir import RunDir
+
+    writer = RunDir(trained_run / "run")
+    writer.lock(lambda message: None)  # as 'nmt train' holds it while it trains
+    try:
+        code, _, err = run_cli(["compare", trained_run / "run", "--out", tmp_path / "report"], capsys)
+    finally:
+        writer.close()
+    assert code == 0, err
+    assert "is being written (host " in err and "not as finished" in err
+    code, _, err = run_cli(["compare", trained_run / "run", "--out", tmp_path / "again"], capsys)
+    assert code == 0 and "being written" not in err
