@@ -98,10 +98,18 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
         run.write_config(cfg)
         trials_done = [t.__dict__ for t in trials]
-        report = {"dev": cfg.data.dev.path, "chosen": best.__dict__, "before": before, "trials": trials_done}
+        tuned_on = run.model_checkpoint(cfg, which).name
+        report = {"dev": cfg.data.dev.path, "checkpoint": tuned_on, "chosen": best.__dict__, "before": before}
+        report["trials"] = trials_done
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
+        default = run.model_checkpoint(cfg).name
     finally:
         run.close()
+    if tuned_on != default:  # the pair is the run's, whichever checkpoint a later command loads
+        log(
+            f"warning: tuned with {tuned_on}, but translate and eval-bleu load {default} unless given "
+            f"--checkpoint {tuned_on}"
+        )
     log(
         f"chosen on dev: beam {best.beam_size}, length penalty {best.length_penalty} (dev BLEU {best.bleu:.2f}); "
         f"written to {run.config_path}"

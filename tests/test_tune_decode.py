@@ -121,3 +121,21 @@ def test_tuning_again_keeps_the_runs_own_decoding_as_before(tmp_path, capsys):
     assert "keeping beam 2, length penalty 0.8 ('nmt tune-decode')" in capsys.readouterr().err
     decode = RunDir.existing(run).config().decode
     assert (decode.beam_size, decode.length_penalty) == (2, 0.8)
+
+
+def test_the_report_names_the_checkpoint_tuned_with_and_a_different_default_is_said(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=20)  # best_N and update_20, update_40
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    capsys.readouterr()
+    args = ["tune-decode", "--model", str(run), "--beam-sizes", "1,2", "--length-penalties", "1"]
+    assert main([*args, "--checkpoint", "update_00000020.pt"]) == 0
+    report = json.loads((run / "tune_decode.json").read_text())
+    assert report["checkpoint"] == "update_00000020.pt"
+    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    assert default != "update_00000020.pt"
+    err = capsys.readouterr().err
+    assert f"tuned with update_00000020.pt, but translate and eval-bleu load {default}" in err
+    assert main(args) == 0  # the default checkpoint: nothing to say
+    assert json.loads((run / "tune_decode.json").read_text())["checkpoint"] == default
+    assert "but translate and eval-bleu load" not in capsys.readouterr().err
