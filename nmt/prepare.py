@@ -259,6 +259,17 @@ def _all_filtered(summary: dict, max_len: int, max_len_ratio: float) -> NMTError
     return NMTError(f"config key '{key}': every training pair was dropped by the length filter ({', '.join(counts)})")
 
 
+def encoding_workers(asked: int | None, cpus: int, log: Callable[[str], None]) -> int:
+    """The encoding processes to start: ``data.workers``, or one per CPU; never more than the CPUs,
+    since encoding is bound by them (and a mistyped 100000 would start that many processes)."""
+    if asked is None:
+        return cpus
+    if asked > cpus:
+        log(f"train: data.workers {asked} is more than the {cpus} CPUs here: encoding with {cpus} processes")
+        return cpus
+    return asked
+
+
 def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
     d = cfg.data
     directory = run.train_data_dir
@@ -276,7 +287,7 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
         else:
             log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
             return corpus
-    workers = d.workers or os.cpu_count() or 1
+    workers = encoding_workers(d.workers, os.cpu_count() or 1, log)
     spec = ShardSpec(
         directory=str(directory),
         src_model=str(src_tok.model_path),

@@ -390,3 +390,13 @@ def test_waiting_for_a_shard_lets_a_signal_another_thread_took_interrupt_it():
             assert time.monotonic() - start < 5
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def test_more_workers_than_cpus_start_one_process_per_cpu(tmp_path):
+    cpus = os.cpu_count() or 1
+    cfg = _config(tmp_path, 450, workers=cpus + 3)
+    lines = []
+    prepare(cfg, RunDir(cfg.run_dir), lines.append)
+    index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
+    assert index["workers"] == (cpus if cpus > 1 else 1)  # a pool of one per CPU (none on one CPU)
+    assert any(f"data.workers {cpus + 3} is more than the {cpus} CPUs here" in line for line in lines)
