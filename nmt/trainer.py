@@ -291,9 +291,8 @@ class Trainer:
         self.progress = Progress.from_dict(state["progress"])
         checkpoint.set_rng_state(state["rng"])
         p = self.progress
-        self.log(
-            f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), best BLEU {p.best_bleu:.2f}"
-        )
+        best = f"best BLEU {p.best_bleu:.2f}" if p.last_validated >= 0 else "no validation yet"
+        self.log(f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), {best}")
         change = world_size_change(p, self.world.world_size, self.cfg.train.accumulate)
         if change is not None:
             self.log(change)
