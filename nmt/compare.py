@@ -119,7 +119,7 @@ def markdown_table(runs: list[RunSummary]) -> str:
         if signature
         else ""
     )
-    return head + "\n".join(rows) + "\n" + foot + _not_comparable(runs)
+    return head + "\n".join(rows) + "\n" + foot
 
 
 def _not_comparable(runs: list[RunSummary]) -> str:
@@ -169,9 +169,10 @@ def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> 
     _pyplot()  # a missing matplotlib is said before decoding every test set, not after
     check_output_dir(out_dir, run_dirs)
     runs = [summarize_run(run, log) for run in runs_opened]
-    table = markdown_table(runs)
-    if _not_comparable(runs):
+    not_comparable = _not_comparable(runs)
+    if not_comparable:
         log("warning: the runs translate different directions or test sets; their test scores do not compare")
+    table = markdown_table(runs) + not_comparable
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)
     atomic_write_bytes(out_dir / "compare.md", (table + f"\n![dev BLEU]({figure.name})\n").encode("utf-8"))
