@@ -341,7 +341,9 @@ def _run(args: argparse.Namespace) -> int:
             return args.func(args)
     except NMTError as e:
         message = str(e).replace("\n", " ")
-        if message:  # none: another process (a torchrun rank) reports it
+        if not message and hasattr(e, "wait_for_report"):  # a torchrun rank: another one reports it
+            message = e.wait_for_report()
+        if message:
             print(f"nmt {args.command}: error: {message}", file=sys.stderr)
         return getattr(e, "exit_code", 2)
     except (MemoryError, RuntimeError) as e:

@@ -16,6 +16,7 @@ import inspect
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -26,7 +27,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NMTError, SharedError
-from nmt.signals import SignalPending
+from nmt.signals import Interrupted, SignalPending
 
 T = TypeVar("T")
 
@@ -142,12 +143,33 @@ def broadcast(obj: Any, world: World) -> Any:
     return holder[0]
 
 
-class Stopped(NMTError):
-    """This rank ends because another failed and reports why: no message, the failure's exit status."""
+# How long a rank that ends quietly waits for the rank that reports: torchrun stops every rank as
+# soon as one ends with a failure, so a quiet rank that left first would cut the report short.
+REPORT_WAIT_S = 30.0
 
-    def __init__(self, exit_code: int):
+
+class Stopped(NMTError):
+    """This rank ends because another failed and reports why: no message, the failure's exit status.
+
+    ``wait``: stay until torchrun ends this process (after the reporting rank has printed and
+    exited) or ``REPORT_WAIT_S`` pass; not for a signal, where torchrun is already stopping every
+    rank. ``fallback``: printed if the wait runs out, for an error the ranks could not agree on
+    (before they joined), in case the rank meant to report it did not fail."""
+
+    def __init__(self, exit_code: int, wait: bool = True, fallback: str = ""):
         super().__init__("")
         self.exit_code = exit_code
+        self.wait = wait
+        self.fallback = fallback
+
+    def wait_for_report(self) -> str:
+        """Wait as above (the command has ended); what to print if nobody ended this process."""
+        if not self.wait:
+            return ""
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, signal.SIG_DFL)
+        time.sleep(REPORT_WAIT_S)
+        return self.fallback
 
 
 class PeerLost(NMTError):
@@ -230,12 +252,12 @@ def reported_once(world: World) -> Iterator[None]:
         raise
     except SharedError as e:
         if not world.is_main:
-            raise Stopped(e.exit_code) from None
+            raise Stopped(e.exit_code, wait=not isinstance(e, Interrupted)) from None
         raise
     except NMTError as e:
         if not _joined:  # every rank read the same config and found the same devices
             if world.local_rank > 0:
-                raise Stopped(e.exit_code) from None
+                raise Stopped(e.exit_code, fallback=f"rank {world.rank}: {e}") from None
             raise
         if not world.is_main:
             error = NMTError(f"rank {world.rank}: {e}")
@@ -244,7 +266,7 @@ def reported_once(world: World) -> Iterator[None]:
         raise
     except KeyboardInterrupt as e:  # every rank had the signal: rank 0 says so
         if not world.is_main:
-            raise Stopped(128 + getattr(e, "signum", signal.SIGINT)) from None
+            raise Stopped(128 + getattr(e, "signum", signal.SIGINT), wait=False) from None
         raise
     except Exception as e:
         if not peer_lost(e):

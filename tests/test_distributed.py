@@ -394,3 +394,46 @@ def test_a_kernel_setting_no_rank_can_run_is_one_line_from_rank_0(setup, tmp_pat
     ours = done.stderr.split("ChildFailedError")[0]
     assert done.returncode != 0
     assert ours.count("nmt train: error:") == 1 and "cannot send products to oneDNN" in ours, ours[-3000:]
+
+
+_QUIET_RANK = """
+import sys
+from nmt import cli, distributed
+distributed.REPORT_WAIT_S = float(sys.argv[1])
+stop = distributed.Stopped(2, wait=sys.argv[2] == "wait", fallback=sys.argv[3])
+def fail(args):
+    open(sys.argv[4], "w").close()  # the command has failed
+    raise stop
+args = cli.build_parser().parse_args(["train", "--config", "x.yaml"])
+args.func = fail
+sys.exit(cli._run(args))
+"""
+
+
+def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_path):
+    """torchrun SIGTERMs every rank once one ends with a failure: a rank ending quietly at once cut
+    the reporting rank's message short (it printed 'interrupted' instead, CI saw it once)."""
+    script = tmp_path / "quiet.py"
+    script.write_text(_QUIET_RANK)
+    failed = tmp_path / "failed"
+    waiting = subprocess.Popen(
+        [sys.executable, str(script), "600", "wait", "", failed], stderr=subprocess.PIPE, text=True
+    )
+    try:
+        deadline = time.monotonic() + 120
+        while not failed.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        time.sleep(2)
+        assert failed.exists() and waiting.poll() is None  # failed, and now waiting
+        waiting.terminate()  # as torchrun does once the reporting rank has exited
+        assert waiting.wait(timeout=30) == -signal.SIGTERM and waiting.stderr.read() == ""
+    finally:
+        waiting.kill()
+    # Nobody stopped it: after the wait it says what it knows; for a signal it does not wait at all.
+    late = subprocess.run(
+        [sys.executable, str(script), "0.5", "wait", "rank 1: no GPU 1", failed], capture_output=True, text=True
+    )
+    assert (late.returncode, late.stderr) == (2, "nmt train: error: rank 1: no GPU 1\n")
+    start = time.monotonic()
+    signal_stop = subprocess.run([sys.executable, str(script), "600", "no", "", failed], capture_output=True, text=True)
+    assert signal_stop.returncode == 2 and signal_stop.stderr == "" and time.monotonic() - start < 120
