@@ -95,7 +95,8 @@ def _translate_to(args: argparse.Namespace, run, cfg, source: Path | None, sink)
 
     try:
         decode = _decode_config(args, cfg)
-        translator = load_translator(run, args.device or "auto", args.precision, log, args.checkpoint or "auto")
+        which = "auto" if args.checkpoint is None else args.checkpoint  # "" is no checkpoint, not auto
+        translator = load_translator(run, args.device or "auto", args.precision, log, which)
         maps = _attention_writer(args, cfg, translator)
     except BaseException:
         sink.discard()

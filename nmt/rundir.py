@@ -20,6 +20,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import socket
 import time
 from collections.abc import Callable
@@ -274,8 +275,11 @@ class RunDir:
             path = path or (latest[0].path if latest else None)
         else:
             path = self.checkpoint_dir / which
-            if Path(which).name != which or not path.is_file():
-                raise NMTError(f"--checkpoint {which}: no such checkpoint in {self.checkpoint_dir}")
+            if not which or Path(which).name != which or not path.is_file():
+                raise NMTError(
+                    f"--checkpoint {shlex.quote(which)}: no such checkpoint in {self.checkpoint_dir} "
+                    "(give auto, best, average, last or a file name there)"
+                )
         if path is None:
             raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
         return path

@@ -565,3 +565,22 @@ def test_compare_warns_about_a_run_being_written(trained_run, tmp_path, capsys):
     assert "is being written (host " in err and "not as finished" in err
     code, _, err = run_cli(["compare", trained_run / "run", "--out", tmp_path / "again"], capsys)
     assert code == 0 and "being written" not in err
+
+
+def test_an_empty_checkpoint_name_is_a_one_line_error_not_auto(trained_run, tmp_path, capsys):
+    run, data, out = trained_run / "run", trained_run / "data", tmp_path / "out"
+    src, ref = data / "train.de", data / "train.en"
+    commands = {
+        "translate": ["translate", "--model", run, "--input", src, "-o", out],
+        "eval-bleu": ["eval-bleu", "--model", run, "--src", src, "--ref", ref, "-o", out],
+        "tune-decode": ["tune-decode", "--model", run, "--beam-sizes", "1", "--length-penalties", "1"],
+    }
+    config = (run / "config.yaml").read_bytes()
+    for command, args in commands.items():
+        code, _, err = run_cli([*args, "--checkpoint", ""], capsys)
+        assert code == 2 and not out.exists()
+        assert err.splitlines() == [
+            f"nmt {command}: error: --checkpoint '': no such checkpoint in {run / 'checkpoints'} "
+            "(give auto, best, average, last or a file name there)"
+        ]
+    assert (run / "config.yaml").read_bytes() == config and not (run / "tune_decode.json").exists()
