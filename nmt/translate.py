@@ -7,6 +7,7 @@ import random
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
@@ -69,6 +70,7 @@ class Translator:
     precision: Precision
     warn: Callable[[str], None] | None = None  # where truncated sources are reported; None: stderr
     kernels: tuple[str, str] | None = None  # (attention kernel, fp32 library) for decoding; None: the model's
+    checkpoint: Path | None = None  # the run's checkpoint it was loaded from (``load_translator``)
 
     def translate_ids(
         self,
@@ -262,7 +264,7 @@ def load_translator(
     model.set_fp32_matmul(fp32_matmul)
     model.to(device).eval()
     precision = Precision(device.type, choice.precision)
-    return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding())
+    return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding(), path)
 
 
 def _quiet(message: str) -> None:

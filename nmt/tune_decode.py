@@ -98,11 +98,11 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
         run.write_config(cfg)
         trials_done = [t.__dict__ for t in trials]
-        tuned_on = run.model_checkpoint(cfg, which).name
+        tuned_on = translator.checkpoint.name  # the one loaded: resolving ``which`` again might not give it
         report = {"dev": cfg.data.dev.path, "checkpoint": tuned_on, "chosen": best.__dict__, "before": before}
         report["trials"] = trials_done
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
-        default = run.model_checkpoint(cfg).name
+        default = tuned_on if which == "auto" else run.model_checkpoint(cfg).name
     finally:
         run.close()
     if tuned_on != default:  # the pair is the run's, whichever checkpoint a later command loads

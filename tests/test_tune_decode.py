@@ -7,6 +7,7 @@ import pytest
 import yaml
 from conftest import tiny_config
 
+from nmt import checkpoint
 from nmt.cli import main
 from nmt.config import DecodeConfig, load_config
 from nmt.errors import NMTError
@@ -139,3 +140,25 @@ def test_the_report_names_the_checkpoint_tuned_with_and_a_different_default_is_s
     assert main(args) == 0  # the default checkpoint: nothing to say
     assert json.loads((run / "tune_decode.json").read_text())["checkpoint"] == default
     assert "but translate and eval-bleu load" not in capsys.readouterr().err
+
+
+def test_the_report_names_the_checkpoint_loaded_not_a_second_resolution(tmp_path, monkeypatch):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=20)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    loaded, load, resolve = [], checkpoint.load, RunDir.model_checkpoint
+
+    def recorded_load(path, *args, **kwargs):
+        loaded.append(path.name)
+        return load(path, *args, **kwargs)
+
+    def resolved_then_changed(self, cfg, which="auto"):  # the run's checkpoints change after the first look
+        first = resolve(self, cfg, which)
+        monkeypatch.setattr(RunDir, "model_checkpoint", lambda *_: self.checkpoint_dir / "update_00000020.pt")
+        return first
+
+    monkeypatch.setattr(checkpoint, "load", recorded_load)
+    monkeypatch.setattr(RunDir, "model_checkpoint", resolved_then_changed)
+    tune_decode(RunDir.existing(run), [1], [1.0], "cpu", "last", lambda _: None)
+    assert loaded == ["update_00000040.pt"]
+    assert json.loads((run / "tune_decode.json").read_text())["checkpoint"] == "update_00000040.pt"
