@@ -60,6 +60,14 @@ def save(payload: dict, path: Path) -> None:
     atomic_write_bytes(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
 
 
+def recorded_digest(path: Path) -> str | None:
+    """The SHA-256 of ``path`` its sidecar records (``save`` writes one), or None where there is none."""
+    try:
+        return path.with_name(path.name + ".sha256").read_text().strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
 def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
     """Load and verify a checkpoint; any problem is an NMTError naming the file."""
     try:

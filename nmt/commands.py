@@ -96,7 +96,7 @@ def _translate_to(args: argparse.Namespace, run, cfg, source: Path | None, sink)
     try:
         decode = _decode_config(args, cfg)
         which = "auto" if args.checkpoint is None else args.checkpoint  # "" is no checkpoint, not auto
-        translator = load_translator(run, args.device or "auto", args.precision, log, which)
+        translator = load_translator(run, args.device or "auto", args.precision, log, which, decode)
         maps = _attention_writer(args, cfg, translator)
     except BaseException:
         sink.discard()

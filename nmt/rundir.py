@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, config_to_dict, config_yaml, load_config
+from nmt.config import Config, DecodeConfig, config_to_dict, config_yaml, load_config
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE
@@ -133,16 +133,39 @@ def check_resumable(old: Config, new: Config) -> None:
         )
 
 
-def tuned_decode_report(report: Path) -> tuple[dict, dict] | None:
-    """The "chosen" and "before" decoding of a tune_decode.json, or None where there is none."""
+def _tune_report(report: Path) -> dict | None:
+    """A tune_decode.json as written, or None where there is none (or none readable)."""
     try:
         tuned = json.loads(report.read_text())
+    except (OSError, ValueError):  # never tuned
+        return None
+    return tuned if isinstance(tuned, dict) else None
+
+
+def tuned_decode_report(report: Path) -> tuple[dict, dict] | None:
+    """The "chosen" and "before" decoding of a tune_decode.json, or None where there is none."""
+    return _chosen_and_before(_tune_report(report) or {})
+
+
+def _chosen_and_before(tuned: dict) -> tuple[dict, dict] | None:
+    try:
         chosen, before = dict(tuned["chosen"]), dict(tuned["before"])
-    except (OSError, ValueError, KeyError, TypeError):  # never tuned, or by a version without "before"
+    except (KeyError, TypeError, ValueError):  # never tuned, or by a version without "before"
         return None
     if not all(key in pair for pair in (chosen, before) for key in ("beam_size", "length_penalty")):
         return None
     return chosen, before
+
+
+def tuned_checkpoint(report: Path) -> tuple[dict, str, str | None] | None:
+    """The "chosen" pair of a tune_decode.json, the checkpoint it was tuned with and that file's
+    SHA-256 as tuning found it; None where the report names no checkpoint (never tuned, or by an
+    earlier version)."""
+    recorded = _tune_report(report) or {}
+    tuned, name, digest = _chosen_and_before(recorded), recorded.get("checkpoint"), recorded.get("checkpoint_sha256")
+    if tuned is None or not isinstance(name, str):
+        return None
+    return tuned[0], name, digest if isinstance(digest, str) else None
 
 
 def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[str], None]) -> Config:
@@ -283,6 +306,32 @@ class RunDir:
         if path is None:
             raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
         return path
+
+    def retune_note(self, loaded: Path, which: str, decode: DecodeConfig, loaded_by: str) -> str | None:
+        """A note where ``decode``'s beam size and length penalty are the pair 'nmt tune-decode' chose
+        but ``loaded`` (``which``: see ``model_checkpoint``) is not the checkpoint it was tuned with:
+        another file (a new best or average of a run trained on), or the same name written again;
+        None otherwise. ``loaded_by`` says who loads it ("loaded", "translate loads now")."""
+        from nmt.checkpoint import recorded_digest
+
+        tuned = tuned_checkpoint(self.tune_decode_path)
+        if tuned is None:
+            return None
+        chosen, tuned_with, digest = tuned
+        if (chosen["beam_size"], chosen["length_penalty"]) != (decode.beam_size, decode.length_penalty):
+            return None  # a pair of the user's own, from the command line or the config
+        now = recorded_digest(loaded)
+        rewritten = digest is not None and now is not None and digest != now
+        if loaded.name == tuned_with and not rewritten:
+            return None
+        retune = ["nmt", "tune-decode", "--model", str(self.path)]
+        retune += ["--checkpoint", which] if which != "auto" else []
+        since = ", written again since" if loaded.name == tuned_with else ""
+        return (
+            f"note: beam {decode.beam_size}, length penalty {decode.length_penalty} were tuned by 'nmt tune-decode' "
+            f"with {tuned_with}; the checkpoint {loaded_by} is {loaded.name}{since}: "
+            f"'{shlex.join(retune)}' re-tunes them for it"
+        )
 
     def model_files(self, cfg: Config) -> list[Path]:
         """The files translating with the run reads: no command may write over them."""

@@ -50,7 +50,18 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
         trainer.save()
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
     trainer.log(f"best dev BLEU {p.best_bleu:.2f} at update {p.best_update}; run directory {trainer.run}")
+    note_retuning(trainer)
     return p
+
+
+def note_retuning(trainer: Trainer) -> None:
+    """A tuned run trained on may now translate with a checkpoint its decoding pair was not tuned
+    with (a new best or average): said once here, as the run ends, and by each command that loads it."""
+    run, cfg = trainer.run, trainer.cfg
+    if trainer.world.is_main and run.tune_decode_path.exists():
+        note = run.retune_note(run.model_checkpoint(cfg), "auto", cfg.decode, "translate loads now")
+        if note is not None:
+            trainer.log(note)
 
 
 def stop_reason(t: TrainConfig, p: Progress) -> str | None:

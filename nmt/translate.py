@@ -222,8 +222,14 @@ def load_translator(
     precision_name: str | None = None,
     log: Callable[[str], None] | None = None,
     which: str = "auto",
+    decode: DecodeConfig | None = None,
 ) -> Translator:
     """A run's checkpoint (``which``: see ``RunDir.model_checkpoint``), ready to translate.
+
+    ``decode``: the decoding the caller translates with where it is the run's own (its config's,
+    with any options given); where its pair is the one 'nmt tune-decode' chose with another
+    checkpoint than this one, a note says so (``RunDir.retune_note``). None: a decoding of the
+    caller's own (validation, benchmarks, tuning itself), which no note concerns.
 
     Precision, attention kernel, fp32 product library and threads are the run's ``train`` settings
     (``precision_name`` overrides the first; a run's precision this device cannot run, unlike one
@@ -264,6 +270,9 @@ def load_translator(
     model.set_fp32_matmul(fp32_matmul)
     model.to(device).eval()
     precision = Precision(device.type, choice.precision)
+    note = None if decode is None else run.retune_note(path, which, decode, "loaded")
+    if note is not None:
+        (log or _print_warning)(note)
     return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding(), path)
 
 

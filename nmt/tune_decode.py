@@ -79,6 +79,7 @@ def untuned_decode(decode: DecodeConfig, report: Path) -> dict:
 
 def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Callable[[str], None]) -> Trial:
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
+    from nmt.checkpoint import recorded_digest
     from nmt.translate import load_translator
 
     good_penalties = penalties and all(math.isfinite(a) and 0 <= a <= MAX_LENGTH_PENALTY for a in penalties)
@@ -100,6 +101,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         trials_done = [t.__dict__ for t in trials]
         tuned_on = translator.checkpoint.name  # the one loaded: resolving ``which`` again might not give it
         report = {"dev": cfg.data.dev.path, "checkpoint": tuned_on, "chosen": best.__dict__, "before": before}
+        report["checkpoint_sha256"] = recorded_digest(translator.checkpoint)  # a file written again is another
         report["trials"] = trials_done
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
         default = tuned_on if which == "auto" else run.model_checkpoint(cfg).name

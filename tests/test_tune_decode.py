@@ -162,3 +162,68 @@ def test_the_report_names_the_checkpoint_loaded_not_a_second_resolution(tmp_path
     tune_decode(RunDir.existing(run), [1], [1.0], "cpu", "last", lambda _: None)
     assert loaded == ["update_00000040.pt"]
     assert json.loads((run / "tune_decode.json").read_text())["checkpoint"] == "update_00000040.pt"
+
+
+def _note(run, tuned_with: str, loaded: str, by: str = "loaded", retune: str = "") -> str:
+    return (
+        f"note: beam 2, length penalty 0.6 were tuned by 'nmt tune-decode' with {tuned_with}; the checkpoint {by} "
+        f"is {loaded}: 'nmt tune-decode --model {run}{retune}' re-tunes them for it"
+    )
+
+
+def test_commands_loading_another_checkpoint_than_the_tuned_one_say_so(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=20)
+    assert main(["train", "--config", str(config)]) == 0
+    run, data = tmp_path / "run", tmp_path / "data"
+    tune = ["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.6"]
+    assert main([*tune, "--checkpoint", "update_00000020.pt"]) == 0
+    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    capsys.readouterr()
+    translate = ["translate", "--model", run, "-i", data / "train.de", "-o", tmp_path / "out.en"]
+    commands = [
+        translate,
+        ["eval-bleu", "--model", run, "--src", data / "train.de", "--ref", data / "train.en"],
+        ["compare", run, "--out", tmp_path / "report"],
+    ]
+    for args in commands:
+        assert main([str(a) for a in args]) == 0
+        err = capsys.readouterr().err
+        assert err.count("note: ") == 1 and _note(run, "update_00000020.pt", default) in err, args[0]
+    assert main([str(a) for a in [*translate, "--checkpoint", "last"]]) == 0
+    err = capsys.readouterr().err
+    assert _note(run, "update_00000020.pt", "update_00000040.pt", retune=" --checkpoint last") in err
+    # The checkpoint tuned with, or a pair of the user's own: nothing to say.
+    for options in (["--checkpoint", "update_00000020.pt"], ["--length-penalty", "1"], ["--beam-size", "3"]):
+        assert main([str(a) for a in [*translate, *options]]) == 0
+        assert "note: " not in capsys.readouterr().err, options
+    assert main(tune) == 0  # tuned again, with the default
+    capsys.readouterr()
+    assert main([str(a) for a in translate]) == 0
+    assert "note: " not in capsys.readouterr().err
+
+
+def test_a_tuned_run_trained_on_says_when_its_checkpoint_is_no_longer_the_tuned_one(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=20)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    tune = ["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.6"]
+    assert main(tune) == 0
+    tuned_with = json.loads((run / "tune_decode.json").read_text())["checkpoint"]
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=80"]) == 0
+    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    assert default != tuned_with  # a new best
+    assert _note(run, tuned_with, default, by="translate loads now") in capsys.readouterr().err
+    # An average made again under the same name is another checkpoint too.
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert main([*tune, "--checkpoint", "average_last_2.pt"]) == 0
+    translate = ["translate", "--model", str(run), "-i", str(tmp_path / "data" / "train.de"), "--checkpoint"]
+    capsys.readouterr()
+    assert main([*translate, "average_last_2.pt"]) == 0
+    assert "note: " not in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=100"]) == 0
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    capsys.readouterr()
+    assert main([*translate, "average_last_2.pt"]) == 0
+    since = "average_last_2.pt, written again since"
+    assert _note(run, "average_last_2.pt", since, retune=" --checkpoint average_last_2.pt") in capsys.readouterr().err
