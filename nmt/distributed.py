@@ -7,7 +7,8 @@ statistics, whether to stop, the validation outcome) travel through the small co
 
 A failure is reported once: a step one rank does alone, or all do alike, ends with ``agree``,
 which tells every rank how it went, so that the lowest rank with a message prints it and the
-others end quietly with its exit status; a rank whose peer went away says so in one line.
+others end quietly with its exit status; a rank whose peer went away says so in one line (rank 0
+after saving the training state, see ``nmt.training.saved_if_a_peer_is_lost``).
 """
 
 from __future__ import annotations
@@ -236,13 +237,20 @@ def peer_lost(error: BaseException) -> bool:
     return isinstance(error, RuntimeError) and any(phrase in text for phrase in _PEER_GONE)
 
 
+def peer_lost_message(world: World, error: BaseException) -> str:
+    """What this rank says where ``error`` is a collective failing because a peer went away (``peer_lost``)."""
+    what = "stopped answering (see its messages)" if "timed out" in str(error).lower() else "stopped (see its message)"
+    return f"rank {world.rank}: another rank {what}"
+
+
 @contextmanager
 def reported_once(world: World) -> Iterator[None]:
     """Around a torchrun rank's whole command: what its failure prints. An error every rank raises
     alike (``SharedError``, an interruption, a bad config before the ranks could agree) is printed
     by rank 0 alone (one per machine before they agree); an error of this rank's own keeps its
     message, which names the rank; a collective that failed because a peer went away becomes one
-    line instead of gloo's traceback."""
+    line instead of gloo's traceback (rank 0 raises its own ``PeerLost``, naming its checkpoint, where
+    training had begun)."""
     if not world.enabled:
         yield
         return
@@ -271,5 +279,4 @@ def reported_once(world: World) -> Iterator[None]:
     except Exception as e:
         if not peer_lost(e):
             raise
-        what = "stopped answering (see its messages)" if "timed out" in str(e).lower() else "stopped (see its message)"
-        raise PeerLost(f"rank {world.rank}: another rank {what}") from None
+        raise PeerLost(peer_lost_message(world, e)) from None

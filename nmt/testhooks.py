@@ -14,6 +14,9 @@
 - ``NMT_TEST_SLOW_VALIDATION=SECONDS:FILE``: at each step of a validation, where it looks for a
   signal, rank 0 appends a line to FILE and sleeps SECONDS (the tests that interrupt a validation).
   In-process tests set ``validation_step`` to a callable instead.
+- ``NMT_TEST_RANK_DIES=R:N:WHEN``: rank R SIGKILLs itself at update N, as the host's out-of-memory
+  killer would: WHEN ``start`` as it starts the update, ``end`` once it has made it, before the
+  ranks agree on the clock (the tests of a torchrun job whose rank died).
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ PARAM_DIGESTS = "NMT_TEST_PARAM_DIGESTS"
 HOLD_SHARD = "NMT_TEST_HOLD_SHARD"
 FP16_ON_CPU = "NMT_TEST_FP16_ON_CPU"
 SLOW_VALIDATION = "NMT_TEST_SLOW_VALIDATION"
+RANK_DIES = "NMT_TEST_RANK_DIES"
 
 before_rename: Callable[[Path], None] | None = None  # set by in-process tests
 validation_step: Callable[[], None] | None = None  # set by in-process tests
@@ -84,3 +88,9 @@ def validating() -> None:
         with open(marker, "a", encoding="utf-8") as f:
             f.write("step\n")
         time.sleep(float(seconds))
+
+
+def at_update(rank: int, update: int, when: str) -> None:
+    """Called by every rank as it starts update ``update`` (``when`` "start") and once it has made it ("end")."""
+    if os.environ.get(RANK_DIES) == f"{rank}:{update}:{when}":
+        os.kill(os.getpid(), signal.SIGKILL)

@@ -328,6 +328,7 @@ class Trainer:
         """
         cfg, data, tok, world = self.cfg.train, self.data.train, self.data.trg_tok, self.world
         p = self.progress
+        testhooks.at_update(world.rank, p.update + 1, "start")
         mine, weight = distributed.share(group, world), 1.0
         if not mine:  # fewer batches than ranks at the end of an epoch: join in with a zero-weight batch
             mine, weight = group[:1], 0.0
@@ -374,6 +375,7 @@ class Trainer:
         p.update += 1
         p.trg_tokens += n_tokens
         testhooks.trace_parameters(self.model, world.rank, p.update)
+        testhooks.at_update(world.rank, p.update, "end")
         return {
             "loss": loss_sum / n_tokens,
             "nll": nll_sum / n_tokens,
@@ -528,14 +530,22 @@ class Trainer:
         }
         self.checkpoints.save_state(state, self.progress.update)
 
-    def interrupted(self, signum: int) -> Interrupted:
-        """What ends a run stopped by a signal once its checkpoint is written."""
+    def _saved(self) -> str:
+        """Says that the checkpoint is written, and how to resume from it."""
         command = f"nmt train --config {self.run.config_path}"
         how = f"with: {command}"
         if self.world.enabled:  # the same ranks, so that an update keeps its batches
             how = f"with the same torchrun options ({processes(self.world)}): torchrun ... -m {command}"
-        name, update = signal.Signals(signum).name, self.progress.update
-        return Interrupted(f"{name} received: checkpoint written at update {update}; resume {how}", signum)
+        return f"checkpoint written at update {self.progress.update}; resume {how}"
+
+    def interrupted(self, signum: int) -> Interrupted:
+        """What ends a run stopped by a signal once its checkpoint is written."""
+        return Interrupted(f"{signal.Signals(signum).name} received: {self._saved()}", signum)
+
+    def peer_lost(self, error: BaseException) -> distributed.PeerLost:
+        """What ends rank 0 once it has saved the training state after ``error``, a collective that
+        failed because another rank went away."""
+        return distributed.PeerLost(f"{distributed.peer_lost_message(self.world, error)}; {self._saved()}")
 
     def _fingerprint(self) -> dict:
         return {"fingerprint": self.run.fingerprint(self.cfg)}

@@ -1,5 +1,6 @@
 """The training loop: update after update until a stopping rule fires, validating every
-``train.validate_every`` updates, and stopping cleanly (checkpoint first) on SIGINT/SIGTERM.
+``train.validate_every`` updates, and stopping cleanly (checkpoint first) on SIGINT/SIGTERM, or
+where another torchrun rank went away.
 
 What one update does, and the model, data and checkpoints behind it, are the ``Trainer``'s
 (nmt/trainer.py); this module only decides when.
@@ -7,10 +8,11 @@ What one update does, and the model, data and checkpoints behind it, are the ``T
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from nmt import distributed
@@ -24,18 +26,25 @@ from nmt.trainer import Progress, Trainer
 def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = None) -> Progress:
     """Train (or resume) the run ``cfg`` describes; ``config_file`` is the file it was read from."""
     trainer = Trainer(cfg, RunDir(cfg.run_dir), log)
+    closing: contextlib.AbstractContextManager = contextlib.nullcontext()
     try:
         return run(trainer, config_file)
+    except distributed.PeerLost:
+        # torchrun SIGTERMs the ranks left as soon as it sees one fail: rank 0 has saved and only
+        # ends now, and the signal would replace its report with 'interrupted'.
+        closing = SignalGuard()
+        raise
     finally:
-        trainer.close()
-        distributed.shutdown()
+        with closing:
+            trainer.close()
+            distributed.shutdown()
 
 
 def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update."""
     trainer.setup(config_file=config_file)
     p = trainer.progress
-    with SignalGuard() as signals:
+    with SignalGuard() as signals, saved_if_a_peer_is_lost(trainer):
         reason = run_loop(trainer, signals)
         trainer.log(f"stopping: {reason}")
         if p.last_validated != p.update:
@@ -45,7 +54,8 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     # here for rank 0's averaging.
     average = trainer.average if trainer.cfg.train.average_last else lambda: None
     try:
-        distributed.agree(trainer.world, average, solo_work=True)
+        with saved_if_a_peer_is_lost(trainer):
+            distributed.agree(trainer.world, average, solo_work=True)
     except KeyboardInterrupt as e:  # past the signal guard: the updates since the last checkpoint stay
         trainer.save()
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
@@ -62,6 +72,34 @@ def note_retuning(trainer: Trainer) -> None:
         note = run.retune_note(run.model_checkpoint(cfg), "auto", cfg.decode, "translate loads now")
         if note is not None:
             trainer.log(note)
+
+
+@contextlib.contextmanager
+def saved_if_a_peer_is_lost(trainer: Trainer) -> Iterator[None]:
+    """Around training once set up: where a collective fails because another rank went away (killed,
+    out of memory, crashed), rank 0 saves the training state it holds and says so; the other ranks
+    end as before (``distributed.reported_once``). That state is a consistent one wherever the
+    failure surfaces:
+
+    - in ``train_step`` (DDP's gradient all-reduce, the statistics): before the optimizer step, so
+      it is the last update's, and the resumed run makes this update from its start;
+    - in the loop's agreement on clock and signal: the update is complete, and its metrics line is
+      written before it propagates (``run_loop``); a validation it was due is made on resume;
+    - in a validation: one that ended on rank 0 has written its checkpoint (written again here);
+      one given up (torchrun's SIGTERM) or failed left ``last_validated`` behind, so the resumed
+      run makes it first; in the final averaging: the last validation's state, which is kept.
+
+    Nothing in the save is a collective, and torchrun's SIGTERM, which follows at once, is held
+    off until it is written (atomic: a SIGKILL then loses nothing older). At update 0 there is
+    nothing to keep: the error stays as it was."""
+    try:
+        yield
+    except Exception as e:
+        if not (trainer.world.is_main and distributed.peer_lost(e)) or trainer.progress.update == 0:
+            raise
+        with SignalGuard():
+            trainer.save()
+        raise trainer.peer_lost(e) from None
 
 
 def stop_reason(t: TrainConfig, p: Progress) -> str | None:
@@ -128,9 +166,14 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
                 p.epoch, p.batch_in_epoch, p.epoch_batches = p.epoch + 1, 0, 0
             p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
             if trainer.world.enabled:  # one clock and one signal for all ranks, so they stop together
-                p.elapsed_seconds, signum = distributed.all_reduce(
-                    [p.elapsed_seconds, float(signals.received or 0)], trainer.world, trainer.device, op="max"
-                )
+                try:
+                    p.elapsed_seconds, signum = distributed.all_reduce(
+                        [p.elapsed_seconds, float(signals.received or 0)], trainer.world, trainer.device, op="max"
+                    )
+                except Exception as e:  # the update is made: its line goes before its checkpoint
+                    if stats is not None and distributed.peer_lost(e):
+                        report.update(stats)
+                    raise
                 signals.received = int(signum) or None
             # What every rank agreed on: one that comes during the validation is rank 0's to act on
             # there; on the other ranks it waits for the next update's agreement.

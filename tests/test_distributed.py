@@ -1,5 +1,6 @@
 """Data-parallel training with torchrun on CPU (gloo): replicas stay identical, two ranks equal one
-process on the same global batches, and a run resumes with a different number of ranks."""
+process on the same global batches, a run resumes with a different number of ranks, and rank 0
+keeps the updates made when another rank dies."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.distributed import Outcome, PeerLost, Stopped, World, share
 from nmt.errors import NMTError
+from nmt.metrics import read_metrics
 from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
@@ -241,6 +243,48 @@ def test_a_rank_whose_peer_died_says_so_in_one_line(setup):
     assert ours.count("nmt train: error:") == int(said)
 
 
+def _two_ranks(setup) -> Path:
+    """Two ranks with ``train.accumulate: 1`` and BLAS products left alone, what a resumed two-rank run
+    must equal: the equivalence test's run where it has made it, else one like it."""
+    root, config, _, _, env = setup
+    for run in (root / "ddp-blas", root / "two-ranks"):
+        if (run / "checkpoints" / f"update_{UPDATES:08d}.pt").exists():
+            return run
+    _train(config, _run_dir(setup, "two-ranks") + ["train.accumulate=1", "train.fp32_matmul=blas"], 2, env)
+    return root / "two-ranks"
+
+
+@pytest.mark.parametrize("when, saved_at", [("start", 3), ("end", 4)])
+def test_rank_0_saves_when_a_peer_dies_and_the_resumed_run_ends_as_one_left_alone(setup, when, saved_at):
+    # As the host's out-of-memory killer would: rank 1 gets SIGKILL at update 4, as it starts it
+    # (rank 0 cannot make it without rank 1's gradients) or once it has made it (so has rank 0,
+    # but not the validation it was due).
+    root, config, _, _, env = setup
+    name = f"peer-died-{when}"
+    sets = _run_dir(setup, name) + ["train.accumulate=1", "train.fp32_matmul=blas", "train.validate_every=4"]
+    died = {**env, "NMT_TEST_RANK_DIES": f"1:4:{when}"}
+    done = subprocess.run(_command(config, sets, 2), env=died, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    ours = done.stderr.split("ChildFailedError")[0]
+    said = (
+        f"nmt train: error: rank 0: another rank stopped (see its message); checkpoint written at update {saved_at}; "
+        "resume with the same torchrun options (2 processes): torchrun ... -m nmt train --config "
+        f"{root / name / 'config.yaml'}\n"
+    )
+    assert ours.count("nmt train: error:") == 1 and said in ours, ours[-3000:]
+    assert "[rank" not in ours and "Connection closed" not in ours
+    checkpoints = checkpoint.list_checkpoints(root / name / "checkpoints", "update")
+    assert [c.update for c in checkpoints] == [saved_at]  # none but the one rank 0 wrote as it ended
+    assert checkpoint.load(checkpoints[0].path)["progress"]["last_validated"] == -1
+    train, valid = read_metrics(root / name)
+    assert [r["update"] for r in train] == list(range(1, saved_at + 1)) and not valid  # an update made has its line
+
+    log = _train(config, sets, 2, env)
+    assert f"resuming at update {saved_at} " in log
+    assert log.count("validation at update 4:") == 1 and log.index("validation at update 4:") < log.index("update 5 ")
+    assert _max_diff(_weights(root / name, UPDATES), _weights(_two_ranks(setup), UPDATES)) == 0.0
+
+
 def _gathered(monkeypatch, outcomes: list) -> None:
     """The outcomes every rank sends in ``agree``, as if gathered from two processes."""
 
@@ -304,6 +348,45 @@ def test_a_rank_reports_only_what_is_its_own(monkeypatch):
     assert str(own) == "rank 1: a training shard holds token id 999" and own.exit_code == 2
     bug = ended(ValueError("a bug"))
     assert isinstance(bug, ValueError)  # with its traceback
+    saved = PeerLost("rank 0: another rank stopped (see its message); checkpoint written at update 3; resume ...")
+    with pytest.raises(PeerLost) as rank0:  # rank 0's own, once it has saved: as it is
+        with distributed.reported_once(World(rank=0, world_size=2, local_world_size=2)):
+            raise saved
+    assert rank0.value is saved
+
+
+GONE = RuntimeError("[gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1234.")
+
+
+@pytest.mark.parametrize(
+    "rank, update, error, saves",
+    [
+        (0, 3, GONE, True),
+        (1, 3, GONE, False),  # the other ranks never write
+        (0, 0, GONE, False),  # no update yet: nothing to keep
+        (0, 3, ValueError("a bug"), False),
+        (0, 3, NMTError("a training shard holds token id 999"), False),
+    ],
+)
+def test_only_rank_0_saves_for_a_lost_peer_once_an_update_is_made(tmp_path, rank, update, error, saves):
+    from nmt.training import saved_if_a_peer_is_lost
+
+    cfg = load_config(tiny_config(tmp_path))
+    trainer = Trainer(cfg, RunDir(cfg.run_dir), lambda m: None)
+    trainer.world, trainer.progress.update = World(rank=rank, world_size=2, local_world_size=2), update
+    saved: list[int] = []
+    trainer.save = lambda: saved.append(trainer.progress.update)
+    with pytest.raises(Exception) as raised:
+        with saved_if_a_peer_is_lost(trainer):
+            raise error
+    if not saves:
+        assert raised.value is error and saved == []
+        return
+    assert saved == [update] and isinstance(raised.value, PeerLost) and raised.value.exit_code == 1
+    assert str(raised.value) == (
+        "rank 0: another rank stopped (see its message); checkpoint written at update 3; resume with the same "
+        f"torchrun options (2 processes): torchrun ... -m nmt train --config {tmp_path / 'run' / 'config.yaml'}"
+    )
 
 
 def test_a_resume_on_another_number_of_processes_says_what_keeps_the_update_s_size():
