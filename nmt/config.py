@@ -144,6 +144,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     # SentencePiece's trainer refuses anything below 0.98 (a CHECK failure, not a message)
     "tokenizer.character_coverage": (lambda v: 0.98 <= v <= 1.0, "must be in [0.98, 1] (what SentencePiece accepts)"),
     "tokenizer.input_sentence_size": _SENTENCE_SAMPLE,
+    "tokenizer.threads": (lambda v: 1 <= v <= 1024, "must be in [1, 1024] (what SentencePiece accepts)"),
     "model.d_model": _WIDTH,
     "model.ff_size": _WIDTH,
     "model.encoder_layers": _POSITIVE,

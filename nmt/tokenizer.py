@@ -38,6 +38,11 @@ class TokenizerConfig:
     # SentencePiece's normalization rule, saved in the model and applied to every line it encodes:
     # nmt_nfkc rewrites text (NFKC: "…" -> "...", full-width -> ASCII), _cf also lower-cases, identity keeps it
     normalization: Literal["nmt_nfkc", "nfkc", "nmt_nfkc_cf", "nfkc_cf", "identity"] = "nmt_nfkc"
+    # SentencePiece's training threads. The unigram trainer splits the sentences among them and adds
+    # up their float sums, so the count changes its scores, piece ids and segmentations (a bpe model
+    # only records it): a number of the config, not the machine's core count, so that one config
+    # gives one model everywhere
+    threads: int = 16
 
 
 class Tokenizer:
@@ -258,7 +263,8 @@ def _train_model(
     """Train in memory, then write the ``.vocab``, the model and ``record`` (what it was made from),
     each under a temporary name renamed into place. The model's rename is what makes it visible for
     reuse, so an interrupted run leaves no half-written ``.model`` behind. The bytes depend only on
-    the text, the settings, ``seed`` and the thread count: no file name of the training is in them."""
+    the text, the settings (``threads`` among them) and ``seed``: no file name of the training, and
+    nothing of the machine, is in them."""
     text = _TrainingText(sentences, cfg.input_sentence_size, seed)
     model = io.BytesIO()
     try:
@@ -272,7 +278,7 @@ def _train_model(
             input_sentence_size=cfg.input_sentence_size,  # never more lines than this: nothing left to sample
             max_sentence_length=MAX_SENTENCE_BYTES,
             shuffle_input_sentence=True,
-            num_threads=os.cpu_count() or 1,
+            num_threads=cfg.threads,
             pad_id=PAD_ID,
             unk_id=UNK_ID,
             bos_id=BOS_ID,

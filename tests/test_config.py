@@ -89,6 +89,8 @@ def test_unknown_section(tmp_path):
         ("tokenizer", "vocab_size", 3, "tokenizer.vocab_size': 3 must be in .16, 16777216."),
         ("tokenizer", "character_coverage", 0.95, "tokenizer.character_coverage': 0.95 must be in .0.98, 1."),
         ("tokenizer", "normalization", "nfc", "tokenizer.normalization': 'nfc' is not one of 'nmt_nfkc', 'nfkc'"),
+        ("tokenizer", "threads", 0, "tokenizer.threads': 0 must be in .1, 1024. .what SentencePiece accepts."),
+        ("tokenizer", "threads", "auto", "tokenizer.threads': expected an integer"),
         ("data", "max_len_ratio", 0.5, "data.max_len_ratio': 0.5 must be >= 1"),  # the longer/shorter ratio is >= 1
     ],
 )
@@ -372,15 +374,21 @@ def test_tokenizer_bounds_are_what_sentencepiece_accepts(tmp_path):
 
     def train(**options):
         lines = [f"sentence number {i} of a few" for i in range(200)]
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_prefix=str(tmp_path / "m"), minloglevel=2, num_threads=1, **options
-        )
+        options = {"num_threads": 1, "minloglevel": 2, **options}
+        spm.SentencePieceTrainer.train(sentence_iterator=iter(lines), model_prefix=str(tmp_path / "m"), **options)
 
     with pytest.raises(RuntimeError, match="Vocabulary size too high"):  # parsed, and refused at once
         train(vocab_size=MAX_WIDTH)
     with pytest.raises(ValueError, match="cannot parse"):  # an int32 field
         train(vocab_size=2**31)
     assert config_from_dict({**MINIMAL, "tokenizer": {"vocab_size": MAX_WIDTH}}).tokenizer.vocab_size == MAX_WIDTH
+    with pytest.raises(RuntimeError, match="num_threads"):
+        train(vocab_size=30, num_threads=1025)
+    train(vocab_size=30, num_threads=1024)
+    for threads in (0, 1025):
+        with pytest.raises(NMTError, match=f"'tokenizer.threads': {threads} must be in \\[1, 1024\\]"):
+            config_from_dict({**MINIMAL, "tokenizer": {"threads": threads}})
+    assert config_from_dict({**MINIMAL, "tokenizer": {"threads": 1024}}).tokenizer.threads == 1024
     with pytest.raises(RuntimeError, match="input_sentence_size"):
         train(vocab_size=30, input_sentence_size=100)
     for size in (0, 101, 2**64 - 1):

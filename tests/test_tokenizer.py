@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import subprocess
 import sys
@@ -108,6 +109,21 @@ def test_the_same_text_and_seed_give_the_same_model_bytes(tmp_path):
     sp = spm.SentencePieceProcessor(model_file=str(first))
     assert vocab.splitlines() == [f"{sp.id_to_piece(i)}\t{sp.get_score(i):g}" for i in range(sp.get_piece_size())]
     assert _trained_apart(tmp_path, "c", seed=4).read_bytes() != first.read_bytes()  # another sample
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_the_model_is_the_same_on_machines_with_other_core_counts(tmp_path, monkeypatch, model_type):
+    # SentencePiece's unigram scores depend on how many threads share the sentences, and every model
+    # records the count: the config's tokenizer.threads decides it, not the CPUs of the machine.
+    def trained(name: str, cpus: int, **overrides) -> bytes:
+        monkeypatch.setattr(os, "cpu_count", lambda: cpus)
+        path = tmp_path / name / "spm.model"
+        train_or_load_tokenizers(_cfg(type=model_type, **overrides), SRC, TRG, path, path)
+        return path.read_bytes()
+
+    laptop = trained("laptop", 2)
+    assert trained("server", 64) == laptop
+    assert trained("two-threads", 64, threads=2) != laptop  # the key is what SentencePiece is given
 
 
 REWRITTEN = ["Er sagte … nichts！", "ein cafe\u0301 am ﬂuss"]  # an ellipsis, full-width "!", NFD, a ligature
