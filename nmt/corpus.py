@@ -15,7 +15,7 @@ import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
-from itertools import islice
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any, Literal
 from urllib.parse import urlsplit
@@ -52,6 +52,7 @@ def hf_keys_changed(spec: CorpusConfig) -> list[str]:
 _BOM = b"\xef\xbb\xbf"
 _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # written by Dataset(Dict).save_to_disk
 _BLOCK_BYTES = 1 << 22  # text is decoded 4 MiB at a time: one C-level decode per block, flat memory
+MAC_SAMPLE_BYTES = 1 << 16  # a file's first bytes, whose line ends tell whether it is an old-Mac file
 CHUNK_PAIRS = 50_000  # pairs per chunk when a caller does not choose
 
 Chunk = tuple[list[str], list[str]]
@@ -95,18 +96,58 @@ def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
     return lines
 
 
+def _old_mac(start: bytes) -> bool:
+    """Whether a file that starts with ``start`` ends its lines with CR alone (old Mac): more lone
+    CRs than LFs (a CR at its end may start a CRLF)."""
+    start = start[:-1] if start.endswith(b"\r") else start
+    return start.count(b"\r") - start.count(b"\r\n") > start.count(b"\n")
+
+
+def _lf_ended(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    """A file's bytes with its lines ended by LF. Most files already are (or by CRLF), and a CR
+    elsewhere in them is text, kept in its line. An old-Mac file, as its first ``MAC_SAMPLE_BYTES``
+    tell, has every CR, LF and CRLF turned into one LF, as Python's universal newlines read it."""
+    head: list[bytes] = []
+    size = 0
+    for block in blocks:
+        head.append(block)
+        size += len(block)
+        if size >= MAC_SAMPLE_BYTES:
+            break
+    start = b"".join(head)
+    if not _old_mac(start[:MAC_SAMPLE_BYTES]):
+        yield start
+        yield from blocks
+        return
+    held = b""
+    for block in chain([start], blocks):
+        data = held + block
+        held = b"\r" if data.endswith(b"\r") else b""  # perhaps half of a CRLF split between blocks
+        yield data[: len(data) - len(held)].replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+    if held:
+        yield b"\n"
+
+
+def _without_bom(blocks: Iterator[bytes]) -> Iterator[bytes]:
+    first = b""
+    for block in blocks:
+        first += block
+        if len(first) >= len(_BOM):
+            break
+    yield first.removeprefix(_BOM)
+    yield from blocks
+
+
 def iter_lines(path: str | Path) -> Iterator[str]:
     """Lines of a UTF-8 text file (``.gz`` decompressed), without line terminators.
 
-    Only ``\\n`` ends a line (``\\r\\n`` too): ``str.splitlines`` would also split on U+2028,
-    U+0085 etc. and silently misalign parallel files.
+    Only ``\\n`` ends a line (``\\r\\n`` too), except in a file whose lines end in ``\\r`` alone
+    (old Mac, see ``_lf_ended``): ``str.splitlines`` would also split on U+2028, U+0085 and a
+    stray CR, and silently misalign parallel files.
     """
     path = Path(path)
-    pending, lines_before, first = b"", 0, True
-    for block in _blocks(path):
-        if first and block.startswith(_BOM):
-            block = block[len(_BOM) :]
-        first = False
+    pending, lines_before = b"", 0
+    for block in _lf_ended(_without_bom(_blocks(path))):
         data = pending + block
         cut = data.rfind(b"\n")
         if cut < 0:
@@ -122,13 +163,6 @@ def iter_lines(path: str | Path) -> Iterator[str]:
 
 def read_lines(path: str | Path) -> list[str]:
     return list(iter_lines(path))
-
-
-def has_cr_line_ends(path: Path) -> bool:
-    """Whether the file breaks lines with CR alone (old Mac): only ``\\n`` ends a line here, so
-    such a file reads as one long line. Its first block tells."""
-    block = next(_blocks(path), b"")
-    return b"\r" in block and b"\n" not in block
 
 
 def _chunks(pairs: Iterator[tuple[str, str]], size: int) -> Iterator[Chunk]:

@@ -23,7 +23,6 @@ from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
     clean_pairs,
     describe_drops,
-    has_cr_line_ends,
     iter_parallel,
     plain_paths,
     read_parallel,
@@ -144,16 +143,13 @@ def _train_side(cfg: Config, side: int) -> Iterator[str]:
 
 
 def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
-    """``error`` naming the training file(s) it is about, and those that seem to use CR line endings."""
+    """``error`` naming the training file(s) it is about."""
     d = cfg.data
     langs = (d.src_lang, d.trg_lang) if error.side is None else ((d.src_lang, d.trg_lang)[error.side],)
     dataset = Path(d.train.path).is_dir() and d.train.format != "plain"
     files = [] if dataset else corpus_files(d.train, *langs)  # a dataset: its key
     where = ", ".join(map(str, files)) or f"config key 'data.train' ({d.train.path})"
-    cr = [
-        f"; {f} seems to use CR line endings (old Mac), so it reads as one line" for f in files if has_cr_line_ends(f)
-    ]
-    return NMTError(f"{where}: {error}{''.join(cr)}")
+    return NMTError(f"{where}: {error}")
 
 
 def _as_json(value):

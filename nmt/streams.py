@@ -29,8 +29,8 @@ WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneo
 def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
     """The input's lines in consecutive windows of at most ``lines_per_window``. Standard input
     yields what has arrived whenever it pauses, so a line typed at a terminal is answered at once
-    while piped text still comes in large windows; a file yields full windows. Only ``\\n`` ends a
-    line, as in the corpus readers."""
+    while piped text still comes in large windows; a file yields full windows. A file's lines are
+    those the corpus readers see (``iter_lines``); on standard input only ``\\n`` ends a line."""
     if path is None:
         yield from _stdin_windows(lines_per_window)
         return

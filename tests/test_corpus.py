@@ -62,6 +62,45 @@ def test_read_lines_strips_bom_and_crlf(tmp_path):
     assert read_lines(path) == ["eins", "zwei", "", "drei"]
 
 
+@pytest.mark.parametrize(
+    "data,lines",
+    [
+        (b"eins\rzwei\r\rdrei\r", ["eins", "zwei", "", "drei"]),  # old Mac: CR alone ends a line
+        (b"\xef\xbb\xbfeins\rzwei\rdrei", ["eins", "zwei", "drei"]),
+        (b"eins\rzwei\rdrei\r\n", ["eins", "zwei", "drei"]),  # a final newline added by a tool
+        (b"ei\rns\nzwei\r\ndrei\n", ["ei\rns", "zwei", "drei"]),  # a stray CR inside a line is text
+        (b"a\r\r\nb\r\r\nc\n", ["a\r", "b\r", "c"]),  # CR CRLF: the line keeps its stray CR
+        (b"eins\r", ["eins"]),
+    ],
+)
+def test_read_lines_with_cr_line_ends(tmp_path, monkeypatch, data, lines):
+    import nmt.corpus
+
+    path = tmp_path / "t.txt"
+    path.write_bytes(data)
+    assert read_lines(path) == lines
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 1)  # the same, a byte at a time
+    assert read_lines(path) == lines
+
+
+def test_a_file_is_judged_old_mac_by_its_start(tmp_path, monkeypatch):
+    import nmt.corpus
+
+    monkeypatch.setattr(nmt.corpus, "MAC_SAMPLE_BYTES", 16)
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 5)
+    path = tmp_path / "t.txt"
+    path.write_bytes(b"one\ntwo\nthree\nfour\r5\r6\r7\r8\r9\n")  # LF in its first 16 bytes
+    assert read_lines(path) == ["one", "two", "three", "four\r5\r6\r7\r8\r9"]
+    path.write_bytes(b"one\rtwo\rthree\rfour\n5\n6\n7\n8\n9\r")  # CR: universal newlines from there on
+    assert read_lines(path) == ["one", "two", "three", "four", "5", "6", "7", "8", "9"]
+    path.write_bytes(b"a\xffb\rc\rd\r")
+    with pytest.raises(NMTError, match=r"t\.txt:1: not valid UTF-8"):
+        read_lines(path)
+    path.write_bytes(b"a\rb\rc\xff\r")
+    with pytest.raises(NMTError, match=r"t\.txt:3: not valid UTF-8"):
+        read_lines(path)
+
+
 def test_read_lines_keeps_unicode_line_separators_inside_a_line(tmp_path):
     # U+2028 / U+0085 inside a sentence must not split it (would misalign parallel files).
     path = _write(tmp_path / "sep.txt", ["a\u2028b", "c\x85d"])
@@ -235,6 +274,17 @@ def test_tsv_crlf_does_not_leak_carriage_return(tmp_path):
     path = tmp_path / "c.tsv"
     path.write_bytes(b"a\tb\r\nc\td\r\n")
     assert read_parallel(CorpusConfig(path=str(path)), "de", "en") == (["a", "c"], ["b", "d"])
+
+
+def test_corpora_with_old_mac_line_ends_read_pair_by_pair(tmp_path):
+    cr = lambda lines: "".join(line + "\r" for line in lines).encode("utf-8")  # noqa: E731
+    (tmp_path / "mac.de").write_bytes(cr(DE))
+    (tmp_path / "mac.en").write_bytes(cr(EN))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "mac")), "de", "en") == (DE, EN)
+    _write(tmp_path / "mac.en", EN)  # one side LF: the pairs are the same
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "mac")), "de", "en") == (DE, EN)
+    (tmp_path / "mac.tsv").write_bytes(cr([f"{d}\t{e}" for d, e in zip(DE, EN)]))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "mac.tsv")), "de", "en") == (DE, EN)
 
 
 # --------------------------------------------------------------------------- Hugging Face datasets

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import sentencepiece as spm
 import yaml
-from conftest import tiny_config
+from conftest import PAIRS, tiny_config
 
 from nmt.cli import main
 from nmt.config import TokenizerConfig
@@ -237,12 +237,18 @@ def test_prepare_names_the_files_whose_lines_are_all_over_the_limit(tmp_path, ca
     )
 
 
-def test_prepare_says_a_file_seems_to_use_cr_line_endings(tmp_path, capsys):
-    cr_only = "".join(s + "\r" for s in SRC).encode()
-    error = _prepare_error(tmp_path, capsys, cr_only, cr_only.upper())
-    assert f"{tmp_path}/long.de, {tmp_path}/long.en: every line is longer than" in error
-    assert f"; {tmp_path}/long.de seems to use CR line endings (old Mac), so it reads as one line" in error
-    assert f"; {tmp_path}/long.en seems to use CR line endings" in error
+def test_prepare_trains_on_a_corpus_with_cr_line_ends_as_on_lf(tmp_path, capsys):
+    # Read as one line each, such files were once a single pair, or nothing SentencePiece would take.
+    models = []
+    for name, end in (("lf", "\n"), ("mac", "\r")):
+        config = tiny_config(tmp_path / name)
+        data = tmp_path / name / "data"
+        for lang, side in (("de", 0), ("en", 1)):
+            (data / f"train.{lang}").write_bytes("".join(pair[side] + end for pair in PAIRS).encode())
+        assert main(["prepare", "--config", str(config)]) == 0
+        assert f"train: read {len(PAIRS)} pairs" in capsys.readouterr().err
+        models.append((tmp_path / name / "run" / "spm.model").read_bytes())
+    assert models[0] == models[1]
 
 
 def test_load_missing_or_corrupt_model(tmp_path):
