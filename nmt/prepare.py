@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nmt.autotune import usable_cpus
 from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
@@ -256,12 +257,15 @@ def _all_filtered(summary: dict, max_len: int, max_len_ratio: float) -> NMTError
 
 
 def encoding_workers(asked: int | None, cpus: int, log: Callable[[str], None]) -> int:
-    """The encoding processes to start: ``data.workers``, or one per CPU; never more than the CPUs,
-    since encoding is bound by them (and a mistyped 100000 would start that many processes)."""
+    """The encoding processes to start: ``data.workers``, or one per CPU this process may use;
+    never more than those, since encoding is bound by them (and a mistyped 100000 would start that
+    many processes). ``cpus`` is the process's affinity, not the machine's count: under taskset or
+    in a container's cpuset the other CPUs are not ours."""
     if asked is None:
         return cpus
     if asked > cpus:
-        log(f"train: data.workers {asked} is more than the {cpus} CPUs here: encoding with {cpus} processes")
+        usable = f"{cpus} CPU" + ("s" if cpus > 1 else "")
+        log(f"train: data.workers {asked} is more than the {usable} this process may use: one process per CPU")
         return cpus
     return asked
 
@@ -283,7 +287,7 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
         else:
             log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
             return corpus
-    workers = encoding_workers(d.workers, os.cpu_count() or 1, log)
+    workers = encoding_workers(d.workers, usable_cpus(), log)
     spec = ShardSpec(
         directory=str(directory),
         src_model=str(src_tok.model_path),

@@ -20,6 +20,7 @@ from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt import binarize as bz
 from nmt import testhooks
+from nmt.autotune import usable_cpus
 from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
@@ -393,10 +394,22 @@ def test_waiting_for_a_shard_lets_a_signal_another_thread_took_interrupt_it():
 
 
 def test_more_workers_than_cpus_start_one_process_per_cpu(tmp_path):
-    cpus = os.cpu_count() or 1
+    cpus = usable_cpus()
     cfg = _config(tmp_path, 450, workers=cpus + 3)
     lines = []
     prepare(cfg, RunDir(cfg.run_dir), lines.append)
     index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
-    assert index["workers"] == (cpus if cpus > 1 else 1)  # a pool of one per CPU (none on one CPU)
-    assert any(f"data.workers {cpus + 3} is more than the {cpus} CPUs here" in line for line in lines)
+    assert index["workers"] == cpus  # a pool of one per CPU (none on one CPU)
+    assert any(f"data.workers {cpus + 3} is more than the {cpus} CPU" in line for line in lines)
+
+
+def test_workers_are_bounded_by_the_cpus_this_process_may_use(tmp_path, monkeypatch):
+    # Under taskset, or in a container's cpuset, the process may run on fewer CPUs than the machine has.
+    monkeypatch.setattr(os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0}, raising=False)
+    cfg = _config(tmp_path, 450, workers=3)
+    lines = []
+    prepare(cfg, RunDir(cfg.run_dir), lines.append)
+    index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
+    assert index["workers"] == 1
+    assert "train: data.workers 3 is more than the 1 CPU this process may use: one process per CPU" in lines
