@@ -138,12 +138,12 @@ def _clear(directory: Path, keep_fingerprint: str) -> dict[int, dict]:
     return kept
 
 
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM, *([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])}
 
 
 @contextmanager
 def _stop_signals_blocked() -> Iterator[None]:
-    """Block SIGINT and SIGTERM while the pool starts. Its workers inherit the mask, so no Ctrl-C
+    """Block SIGINT, SIGTERM and SIGHUP while the pool starts. Its workers inherit the mask, so no Ctrl-C
     reaches one before ``_worker_init``; its threads keep it, so the main thread takes the signal.
     One that comes meanwhile is delivered, to the main thread, once unblocked."""
     if not hasattr(signal, "pthread_sigmask"):

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nmt import commands
+from nmt.console import say
 from nmt.errors import NMTError
 
 
@@ -344,15 +345,15 @@ def _run(args: argparse.Namespace) -> int:
         if not message and hasattr(e, "wait_for_report"):  # a torchrun rank: another one reports it
             message = e.wait_for_report()
         if message:
-            print(f"nmt {args.command}: error: {message}", file=sys.stderr)
+            say(f"nmt {args.command}: error: {message}")
         return getattr(e, "exit_code", 2)
     except (MemoryError, RuntimeError) as e:
         if not out_of_memory(e):
             raise
-        print(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}", file=sys.stderr)
+        say(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}")
         return 2
     except KeyboardInterrupt as e:
-        print(f"nmt {args.command}: interrupted", file=sys.stderr)
+        say(f"nmt {args.command}: interrupted")
         return 128 + getattr(e, "signum", signal.SIGINT)
     except BrokenPipeError:
         return 0

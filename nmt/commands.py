@@ -6,17 +6,15 @@ from __future__ import annotations
 import argparse
 import json
 import shlex
-import sys
 from pathlib import Path
 
+from nmt.console import say
 from nmt.errors import NMTError
 
 
 def log(message: str) -> None:
     """Progress and results for the user: stderr, above any progress bar."""
-    from tqdm import tqdm
-
-    tqdm.write(message, file=sys.stderr)
+    say(message)
 
 
 def cmd_train(args: argparse.Namespace) -> int:

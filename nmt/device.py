@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from nmt import testhooks
+from nmt.console import say
 from nmt.errors import NMTError
 
 _DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -113,17 +114,13 @@ def select_device(
     if name == "cuda" and not cuda_available:
         if fallback_to_cpu:
             message = "warning: train.device is 'cuda' but no GPU is available: running on CPU (train.cpu_fallback)"
-            (warn or _print_warning)(message)
+            (warn or say)(message)
             return torch.device("cpu")
         raise NMTError(
             f"{key}: 'cuda' was asked for but no CUDA GPU is available"
             + (" (set train.cpu_fallback: true to run on CPU instead)" if key.endswith("'train.device'") else "")
         )
     return torch.device(name)
-
-
-def _print_warning(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def precision_candidates(device_type: str, bf16_available: bool) -> list[str]:

@@ -1,6 +1,7 @@
-"""Stopping on SIGINT/SIGTERM without losing work: the first signal lets the update finish (or
-gives up a validation between two of its batches) and a checkpoint be written; a second SIGINT
-exits at once (safe: every checkpoint write is atomic)."""
+"""Stopping on SIGINT/SIGTERM/SIGHUP without losing work: the first signal lets the update finish
+(or gives up a validation between two of its batches) and a checkpoint be written; a second SIGINT
+exits at once (safe: every checkpoint write is atomic). SIGHUP (the terminal or ssh session went
+away) stops a command as SIGTERM does, unless it was started ignoring it (``nohup``)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ class SignalGuard:
             raise SignalPending(self.received)
 
     def __enter__(self) -> SignalGuard:
-        for s in (signal.SIGINT, signal.SIGTERM):
+        for s in (signal.SIGINT, *terminating_signals()):
             try:
                 self._previous[s] = signal.signal(s, self._handle)
             except ValueError:  # not the main thread
@@ -58,26 +59,40 @@ class SignalGuard:
             signal.signal(s, h)
 
 
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the work is as Ctrl-C raises KeyboardInterrupt: the same clean-up runs."""
+def terminating_signals() -> list[int]:
+    """SIGTERM, and SIGHUP unless this process ignores it (started by ``nohup``, which means to keep
+    running when the terminal goes away; its default would kill the process with no checkpoint)."""
+    hangup = getattr(signal, "SIGHUP", None)  # POSIX only
+    ignored = hangup is None or signal.getsignal(hangup) is signal.SIG_IGN
+    return [signal.SIGTERM] if ignored else [signal.SIGTERM, hangup]
 
-    signum = signal.SIGTERM
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (or SIGHUP), raised where the work is as Ctrl-C raises KeyboardInterrupt: the same
+    clean-up runs."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(signum)
+        self.signum = signum
 
 
 def _raise_terminated(signum, frame):
-    raise Terminated()
+    raise Terminated(signum)
 
 
 @contextmanager
 def sigterm_interrupts() -> Iterator[None]:
-    """While active, SIGTERM raises ``Terminated`` instead of killing the process at once, so a
-    command stopped by ``kill`` or a job scheduler keeps what it finished, as after Ctrl-C."""
+    """While active, SIGTERM (and SIGHUP: ``terminating_signals``) raises ``Terminated`` instead of
+    killing the process at once, so a command stopped by ``kill``, a job scheduler or a lost ssh
+    session keeps what it finished, as after Ctrl-C."""
+    previous = {}
     try:
-        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        for s in terminating_signals():
+            previous[s] = signal.signal(s, _raise_terminated)
     except ValueError:  # not the main thread, where Python delivers signals anyway
-        yield
-        return
+        pass
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

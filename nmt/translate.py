@@ -4,7 +4,6 @@ Where the lines come from and go to is ``nmt.streams``."""
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,6 +13,7 @@ import torch
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import DecodeConfig, check_beam_size
+from nmt.console import say
 from nmt.device import (
     Precision,
     bf16_available,
@@ -50,10 +50,6 @@ def truncation_warning(line_numbers: list[int], max_src: int) -> str:
         f"warning: input {lines} longer than the model's positions allow ({max_src} subwords): "
         f"translated from the first {max_src} subwords only"
     )
-
-
-def _print_warning(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 @dataclass
@@ -166,7 +162,7 @@ class Translator:
         max_src = max_source_length(self.model.max_positions)
         cut = truncated_sources(src_ids, max_src)
         if cut:
-            (self.warn or _print_warning)(truncation_warning([first_line + filled[i] for i in cut], max_src))
+            (self.warn or say)(truncation_warning([first_line + filled[i] for i in cut], max_src))
         nbest = self.translate_ids(src_ids, decode, progress, attention)
         texts = iter(self.trg_tok.decode([h.tokens for hyps in nbest for h in hyps]))
         out: list[list[tuple[str, Hypothesis | None]]] = [[("", None)] for _ in lines]
@@ -258,7 +254,7 @@ def load_translator(
         request, cfg.model, trg_tok.vocab_size, cfg.train.max_tokens, cfg.data.max_len, device, log or _quiet
     )
     if unusable:
-        (log or _print_warning)(
+        (log or say)(
             f"warning: the run's train.precision {cfg.train.precision} cannot run here ({unusable}): decoding in "
             f"{choice.precision}, auto's choice on this machine"
         )
@@ -272,7 +268,7 @@ def load_translator(
     precision = Precision(device.type, choice.precision)
     note = None if decode is None else run.retune_note(path, which, decode, "loaded")
     if note is not None:
-        (log or _print_warning)(note)
+        (log or say)(note)
     return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding(), path)
 
 

@@ -88,6 +88,45 @@ def test_sigterm_writes_checkpoint_and_exits_143(tmp_path):
     assert update >= 5
 
 
+def test_sighup_writes_checkpoint_and_exits_129_unless_nohup_ignores_it(tmp_path):
+    """A lost ssh session or closed terminal sends SIGHUP, whose default kills the run with no checkpoint."""
+    config = tiny_config(tmp_path / "hup")
+    proc = start_training(config, *SETTINGS[1:], "train.validate_every=1000")
+    wait_for_updates(tmp_path / "hup" / "run", 5, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 129 and "SIGHUP received: checkpoint written at update" in err, err
+    assert final_model(tmp_path / "hup" / "run")[0] >= 5
+
+    # Started by nohup (SIGHUP ignored): the hangup is not a stop.
+    config = tiny_config(tmp_path / "nohup")
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(config), "--set", "train.max_updates=40"]
+    ignore_hup = lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)  # noqa: E731
+    proc = subprocess.Popen(args, stderr=subprocess.PIPE, text=True, preexec_fn=ignore_hup)
+    wait_for_updates(tmp_path / "nohup" / "run", 5, proc)
+    proc.send_signal(signal.SIGHUP)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert final_model(tmp_path / "nohup" / "run")[0] == 40
+
+
+def test_a_console_that_goes_away_does_not_stop_training(tmp_path):
+    """``nmt train ... 2>&1 | head``, or a ``| tee`` that was killed: the console's pipe closes. The run
+    went on to lose every update since its last checkpoint, exiting 0; now it trains on, and its
+    lines go on into train.log, as fairseq's and Joey NMT's logging do."""
+    config = tiny_config(tmp_path)
+    args = [sys.executable, "-m", "nmt", "train", "--config", str(config)]
+    for o in ("train.max_updates=60", "train.log_every=1", "train.validate_every=1000"):
+        args += ["--set", o]
+    proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.stderr.readline()
+    proc.stderr.close()  # the reader exits
+    assert proc.wait(timeout=180) == 0
+    assert final_model(tmp_path / "run")[0] == 60
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "update 60 " in log and "best dev BLEU" in log
+
+
 def test_second_sigint_exits_at_once_and_leaves_checkpoints_readable(tmp_path):
     config = tiny_config(tmp_path)
     proc = start_training(config, *SETTINGS[1:])
