@@ -172,7 +172,8 @@ def _translate_parsers(sub) -> None:
         "--nbest",
         type=_positive_int,
         help="write the N best translations of each line as Moses/Marian n-best lines: "
-        "'INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE' (SCORE = LOGPROB / length**length_penalty)",
+        "'INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE' (SCORE = LOGPROB / length**length_penalty); "
+        "default: the run's decode.nbest; 1: plain text, the best translation of each line",
     )
     _add_decode_options(p)
     p.set_defaults(func=commands.cmd_translate)

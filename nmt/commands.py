@@ -54,7 +54,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     return 0
 
 
-def _decode_config(args: argparse.Namespace, cfg):
+def _decode_config(args: argparse.Namespace, cfg, run):
     """The run's ``cfg.decode`` with the decoding options given on the command line."""
     from dataclasses import replace
 
@@ -67,13 +67,25 @@ def _decode_config(args: argparse.Namespace, cfg):
             changes[name] = value
     decode = replace(cfg.decode, **changes)
     if decode.nbest > decode.beam_size:
-        raise NMTError(
-            f"--nbest {decode.nbest} is more than the beam size {decode.beam_size}: "
-            f"give --beam-size {decode.nbest} or more"
-        )
+        raise NMTError(_nbest_beyond_beam(decode.nbest, decode.beam_size, changes, run.config_path))
     if "beam_size" in changes:  # the config's own was checked when it was read
         check_beam_size(decode.beam_size, cfg.tokenizer.vocab_size, "--beam-size")
     return decode
+
+
+def _nbest_beyond_beam(nbest: int, beam: int, given: dict, config: Path) -> str:
+    """The error for an n-best count above the beam, naming where each came from (the command line
+    or the run's config) and what to give instead."""
+    beam_from = "" if "beam_size" in given else f" (decode.beam_size in {config})"
+    if "nbest" in given:
+        return f"--nbest {nbest} is more than the beam size {beam}{beam_from}: give --beam-size {nbest} or more"
+    fewer = f"--nbest {beam} or less (1: one translation per line)"
+    if beam == 1:
+        fewer = "--nbest 1 (one translation per line)"
+    return (
+        f"decode.nbest {nbest} in {config} is more than the beam size {beam}{beam_from}: "
+        f"give {fewer}, or --beam-size {nbest} or more"
+    )
 
 
 def _attention_writer(args: argparse.Namespace, cfg, translator):
@@ -92,15 +104,14 @@ def _translate_to(args: argparse.Namespace, run, cfg, source: Path | None, sink)
     from nmt.translate import load_translator
 
     try:
-        decode = _decode_config(args, cfg)
+        decode = _decode_config(args, cfg, run)
         which = "auto" if args.checkpoint is None else args.checkpoint  # "" is no checkpoint, not auto
         translator = load_translator(run, args.device or "auto", args.precision, log, which, decode)
         maps = _attention_writer(args, cfg, translator)
     except BaseException:
         sink.discard()
         raise
-    as_nbest = getattr(args, "nbest", None) is not None or decode.nbest > 1  # --nbest 1 asks for the format too
-    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps, as_nbest)
+    return translate_into(translator, source, sink, decode, getattr(args, "stream", False), maps)
 
 
 def _check_not_in_maps(maps: Path, files: list[tuple[str, str | None]]) -> None:
@@ -129,7 +140,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
             raise NMTError(f"{option} {value}: needs --attention DIR (it chooses what the attention maps show)")
     run = RunDir.existing(args.model)  # a wrong run directory is reported before reading any input
     cfg = run.config()
-    _decode_config(args, cfg)  # and so are decoding options that contradict each other
+    _decode_config(args, cfg, run)  # and so are decoding options that contradict each other
     if args.attention:
         from nmt.attention_maps import choose, figure_class
 
@@ -189,7 +200,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         cfg = run.config()
         # eval-bleu scores, and writes, the best translation: the run's decode.nbest is translate's
         cfg = replace(cfg, decode=replace(cfg.decode, nbest=1))
-        _decode_config(args, cfg)
+        _decode_config(args, cfg, run)
         source = input_file(args.src, "--src")
         n_src = sum(1 for _ in read_lines(source))
         if n_src != len(refs[0]):

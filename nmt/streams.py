@@ -198,12 +198,12 @@ def translate_into(
     decode: DecodeConfig,
     stream: bool = False,
     attention=None,
-    as_nbest: bool = False,
 ) -> int:
     """Translate ``source`` (stdin if None) into ``sink`` window by window (``stream``: stdin line by
-    line; ``as_nbest``: n-best lines); returns the lines read. Interrupted (SIGINT, or SIGTERM: exit
-    143) or stopped by bad input midway, a file output keeps what was done as OUTPUT.partial and
-    leaves an older OUTPUT untouched; any failure leaves no temporary file behind."""
+    line; ``decode.nbest`` above 1: n-best lines, see ``translate_stream``); returns the lines read.
+    Interrupted (SIGINT, or SIGTERM: exit 143) or stopped by bad input midway, a file output keeps
+    what was done as OUTPUT.partial and leaves an older OUTPUT untouched; any failure leaves no
+    temporary file behind."""
     from nmt.translate import translate_stream
 
     bar = None
@@ -212,7 +212,7 @@ def translate_into(
             bar = progress_bar(source, translator.src_tok)
             windows = input_windows(source, 1 if stream else WINDOW_LINES)
             progress = bar.update if bar else None
-            done = translate_stream(translator, windows, decode, sink.write, progress, attention, as_nbest)
+            done = translate_stream(translator, windows, decode, sink.write, progress, attention)
         except KeyboardInterrupt as e:
             message = f"interrupted after {sink.lines} output lines"
             partial = sink.keep_partial() if isinstance(sink, LineWriter) else None

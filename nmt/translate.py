@@ -189,11 +189,10 @@ def translate_stream(
     write: Callable[[list[str]], None],
     progress: Callable[[int], None] | None = None,
     attention: Callable[[int, str, str, Hypothesis], None] | None = None,
-    as_nbest: bool = False,
 ) -> int:
     """Translate window after window, handing each window's output lines to ``write`` in input
-    order as soon as it is done (with ``as_nbest``, the ``decode.nbest`` best of each line as n-best
-    lines, even one; else the best one's text); returns the lines read.
+    order as soon as it is done: with ``decode.nbest`` above 1 the n-best of each line as n-best
+    lines, else (one hypothesis per line) the best one's text; returns the lines read.
     ``attention``, if given, receives (line index, source, translation, best hypothesis) of every
     non-blank line, the hypothesis with its attention weights."""
     done = 0
@@ -203,7 +202,7 @@ def translate_stream(
             text, best = hyps[0]
             if best is not None:
                 attention(done + i, window[i], text, best)
-        if as_nbest:
+        if decode.nbest > 1:
             lines = [out for i, hyps in enumerate(scored) for out in nbest_lines(done + i, hyps, decode.length_penalty)]
         else:
             lines = [hyps[0][0] for hyps in scored]

@@ -124,13 +124,44 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
         assert any(abs(lp / n - score) <= 2e-5 for n in range(1, 40)), (lp, score)
 
 
-def test_translate_nbest_1_writes_nbest_lines(trained_run, capsys):
+def test_translate_nbest_1_writes_plain_text(trained_run, capsys):
+    """One hypothesis per line is plain text, as fairseq's --nbest 1: n-best lines only for two or more."""
     run, src = trained_run / "run", trained_run / "data" / "train.de"
     code, out, err = run_cli(["translate", "--model", run, "--input", src, "--nbest", "1", "--beam-size", "1"], capsys)
     assert code == 0, err
+    assert out.splitlines() == [t for _, t in PAIRS]
+
+
+def test_a_run_whose_config_asks_for_nbest_writes_nbest_lines_unless_given_nbest_1(
+    trained_run, tmp_path, capsys, monkeypatch
+):
+    import io
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["nbest"] = 2  # beam 3
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    src = trained_run / "data" / "train.de"
+    code, out, err = run_cli(["translate", "--model", run, "--input", src], capsys)
+    assert code == 0, err
     lines = [line.split(" ||| ") for line in out.splitlines()]
-    assert [f[0] for f in lines] == [str(i) for i in range(len(PAIRS))]
-    assert [f[1] for f in lines] == [t for _, t in PAIRS] and all(f[2].startswith("F0= ") for f in lines)
+    assert [f[0] for f in lines] == [str(i // 2) for i in range(2 * len(PAIRS))]
+    for args in (["--input", src, "--nbest", "1"], ["--stream", "--nbest", "1", "--beam-size", "1"]):
+        stdin = io.TextIOWrapper(io.BytesIO(src.read_bytes()), encoding="utf-8")
+        monkeypatch.setattr(sys, "stdin", stdin)
+        code, out, err = run_cli(["translate", "--model", run, *args], capsys)
+        assert code == 0, err
+        assert out.splitlines() == [t for _, t in PAIRS], args
+    code, out, err = run_cli(["translate", "--model", run, "--input", src, "--beam-size", "1"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1, err
+    assert (
+        f"decode.nbest 2 in {run / 'config.yaml'} is more than the beam size 1: "
+        "give --nbest 1 (one translation per line), or --beam-size 2 or more"
+    ) in err
+    code, _, err = run_cli(["translate", "--model", run, "--input", src, "--nbest", "4"], capsys)
+    assert code == 2 and f"--nbest 4 is more than the beam size 3 (decode.beam_size in {run / 'config.yaml'})" in err
 
 
 @pytest.mark.parametrize("option, value", [("--attention-layer", "0"), ("--attention-head", "1")])
