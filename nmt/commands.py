@@ -133,7 +133,7 @@ def _check_not_in_run(output: str | None, run, cfg) -> None:
 def cmd_translate(args: argparse.Namespace) -> int:
     from nmt.files import check_output_dir
     from nmt.rundir import RunDir
-    from nmt.streams import input_file, open_output
+    from nmt.streams import check_text, input_file, open_output
 
     for option, value in (("--attention-layer", args.attention_layer), ("--attention-head", args.attention_head)):
         if value is not None and not args.attention:
@@ -152,6 +152,7 @@ def cmd_translate(args: argparse.Namespace) -> int:
         _check_not_in_maps(Path(args.attention), [("--input", args.input), ("--output", args.output)])
     sink = open_output(args.output, [p for p in [source] if p] + run.model_files(cfg), "--output")
     _check_not_in_run(args.output, run, cfg)
+    check_text(source)  # the options first, then the input's text, then the work
     _translate_to(args, run, cfg, source, sink)
     return 0
 

@@ -84,16 +84,24 @@ def _blocks(path: Path) -> Iterator[bytes]:
         raise _os_error(path, e) from None
 
 
-def _decode_lines(path: Path, data: bytes, lines_before: int) -> list[str]:
+def decode_lines(name: str | Path, data: bytes, lines_before: int) -> tuple[list[str], NMTError | None]:
+    """The lines of ``data`` (cut before its final newline, so a blank last line is kept) up to
+    the first that is not valid UTF-8, and the error naming that one (None: every line is valid):
+    a reader hands on the lines before a bad one, then reports it."""
     try:
         text = data.decode("utf-8")  # one decode per block; locate the bad line only on failure
+        bad = None
     except UnicodeDecodeError as e:
-        line_no = lines_before + data.count(b"\n", 0, e.start) + 1
-        raise NMTError(f"{path}:{line_no}: not valid UTF-8") from None
+        start = data.rfind(b"\n", 0, e.start) + 1  # where the bad line begins
+        line_no = lines_before + data.count(b"\n", 0, start) + 1
+        bad = NMTError(f"{name}:{line_no}: not valid UTF-8")
+        if start == 0:
+            return [], bad
+        text = data[: start - 1].decode("utf-8")  # every byte before e.start decodes
     lines = text.split("\n")
     if "\r" in text:
         lines = [line[:-1] if line.endswith("\r") else line for line in lines]  # CRLF endings
-    return lines
+    return lines, bad
 
 
 def _old_mac(start: bytes) -> bool:
@@ -143,7 +151,8 @@ def iter_lines(path: str | Path) -> Iterator[str]:
 
     Only ``\\n`` ends a line (``\\r\\n`` too), except in a file whose lines end in ``\\r`` alone
     (old Mac, see ``_lf_ended``): ``str.splitlines`` would also split on U+2028, U+0085 and a
-    stray CR, and silently misalign parallel files.
+    stray CR, and silently misalign parallel files. A line that is not valid UTF-8 is an error
+    naming it, raised once the lines before it are read.
     """
     path = Path(path)
     pending, lines_before = b"", 0
@@ -154,11 +163,16 @@ def iter_lines(path: str | Path) -> Iterator[str]:
             pending = data
             continue
         pending = data[cut + 1 :]
-        lines = _decode_lines(path, data[:cut], lines_before)
+        lines, bad = decode_lines(path, data[:cut], lines_before)
         lines_before += len(lines)
         yield from lines
+        if bad is not None:
+            raise bad
     if pending:  # a last line without a final newline
-        yield from _decode_lines(path, pending, lines_before)
+        lines, bad = decode_lines(path, pending, lines_before)
+        yield from lines
+        if bad is not None:
+            raise bad
 
 
 def read_lines(path: str | Path) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nmt.config import DecodeConfig
-from nmt.corpus import iter_lines
+from nmt.corpus import decode_lines, iter_lines
 from nmt.errors import NMTError
 from nmt.files import LineWriter, check_output
 from nmt.signals import Interrupted, sigterm_interrupts
@@ -38,30 +38,41 @@ def input_windows(path: Path | None, lines_per_window: int = WINDOW_LINES) -> It
 
 
 def line_windows(lines: Iterable[str], lines_per_window: int = WINDOW_LINES) -> Iterator[list[str]]:
-    """``lines`` in consecutive windows of at most ``lines_per_window``, as a file is read."""
+    """``lines`` in consecutive windows of at most ``lines_per_window``, as a file is read. Where
+    reading stops at bad input, the lines read before it come first, then the error: every line
+    before a bad one is translated, and an output's ``.partial`` holds them all."""
     window: list[str] = []
-    for line in lines:
-        window.append(line)
-        if len(window) == lines_per_window:
+    try:
+        for line in lines:
+            window.append(line)
+            if len(window) == lines_per_window:
+                yield window
+                window = []
+    except NMTError:
+        if window:
             yield window
-            window = []
+        raise
     if window:
         yield window
 
 
 def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
+    """Standard input's windows; at a line that is not UTF-8 it stops reading, hands on every line
+    before that one, then reports it (as ``line_windows`` does for a file)."""
     try:
         fd = sys.stdin.fileno()
     except (AttributeError, OSError, ValueError):  # not a real file (tests, embedding): read it whole
         fd = None
     if fd is None:
         data = sys.stdin.buffer.read()
-        lines = _split(data.removesuffix(b"\n"), 0) if data else []
+        lines, bad = _split(data.removesuffix(b"\n"), 0) if data else ([], None)
         for start in range(0, len(lines), lines_per_window):
             yield lines[start : start + lines_per_window]
+        if bad is not None:
+            raise bad
         return
-    pending, window, lines_before = b"", [], 0
-    while True:
+    pending, window, lines_before, bad = b"", [], 0, None
+    while bad is None:
         while len(window) >= lines_per_window:
             yield window[:lines_per_window]
             lines_before += lines_per_window
@@ -77,25 +88,24 @@ def _stdin_windows(lines_per_window: int) -> Iterator[list[str]]:
         pending += chunk
         cut = pending.rfind(b"\n")
         if cut >= 0:
-            window += _split(pending[:cut], lines_before + len(window))
+            lines, bad = _split(pending[:cut], lines_before + len(window))
+            window += lines
             pending = pending[cut + 1 :]
-    if pending:
-        window += _split(pending, lines_before + len(window))
+    if pending and bad is None:
+        lines, bad = _split(pending, lines_before + len(window))
+        window += lines
     for start in range(0, len(window), lines_per_window):
         yield window[start : start + lines_per_window]
+    if bad is not None:
+        raise bad
 
 
-def _split(data: bytes, lines_before: int) -> list[str]:
+def _split(data: bytes, lines_before: int) -> tuple[list[str], NMTError | None]:
     """The lines of ``data``, which the caller has cut before its final newline (so a blank last
-    line is kept), decoded; a one-line error names a bad line."""
+    line is kept), decoded up to a bad one, and the one-line error naming that (``decode_lines``)."""
     if lines_before == 0 and data.startswith(b"\xef\xbb\xbf"):
         data = data[3:]
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = lines_before + data.count(b"\n", 0, e.start) + 1
-        raise NMTError(f"<stdin>:{line}: not valid UTF-8") from None
-    return [line[:-1] if line.endswith("\r") else line for line in text.split("\n")]
+    return decode_lines("<stdin>", data, lines_before)
 
 
 class StdoutLines:
@@ -167,6 +177,16 @@ def input_file(path: str | None, option: str) -> Path | None:
     return source
 
 
+def check_text(source: Path | None) -> None:
+    """Read a regular input file through once before any work (about half a second per 100 MB),
+    so that a line that is not UTF-8 is an error at once, not after translating every line before
+    it. Standard input, a pipe or a FIFO can be read only once: a bad line there is found as it is
+    translated (``translate_into`` then keeps the lines before it)."""
+    if source is not None and source.is_file():
+        for _ in iter_lines(source):
+            pass
+
+
 def progress_bar(source: Path | None, tokenizer):
     """A progress bar on a terminal, counting source tokens (a sentence costs by its length, so the
     ETA holds); its total is known for a file, counted window by window before translating."""
@@ -191,6 +211,21 @@ def translate_lines(translator, lines: list[str], decode: DecodeConfig) -> list[
     return out
 
 
+class _TranslatedWindows:
+    """Input windows passed on to a translator, counting the input lines of those it has done (a
+    window is done when the next is asked for): what an output holds when reading stops at bad
+    input, however many output lines (n-best) each input line has."""
+
+    def __init__(self, windows: Iterator[list[str]]):
+        self.windows = windows
+        self.lines = 0
+
+    def __iter__(self) -> Iterator[list[str]]:
+        for window in self.windows:
+            yield window
+            self.lines += len(window)
+
+
 def translate_into(
     translator,
     source: Path | None,
@@ -207,12 +242,12 @@ def translate_into(
     from nmt.translate import translate_stream
 
     bar = None
+    windows = _TranslatedWindows(input_windows(source, 1 if stream else WINDOW_LINES))
     with sigterm_interrupts():
         try:
             bar = progress_bar(source, translator.src_tok)
-            windows = input_windows(source, 1 if stream else WINDOW_LINES)
             progress = bar.update if bar else None
-            done = translate_stream(translator, windows, decode, sink.write, progress, attention)
+            done = translate_stream(translator, iter(windows), decode, sink.write, progress, attention)
         except KeyboardInterrupt as e:
             message = f"interrupted after {sink.lines} output lines"
             partial = sink.keep_partial() if isinstance(sink, LineWriter) else None
@@ -220,13 +255,13 @@ def translate_into(
                 message = f"interrupted: the {sink.lines} lines done are in {partial}; {sink.path} is unchanged"
             raise Interrupted(message, getattr(e, "signum", signal.SIGINT)) from None
         except NMTError as e:  # bad input found midway (a line that is not UTF-8): keep what is done
-            if not (isinstance(sink, LineWriter) and sink.lines):
+            if not (isinstance(sink, LineWriter) and windows.lines):
                 sink.discard()
                 raise
-            done_lines, partial = sink.lines, sink.keep_partial()
+            partial = sink.keep_partial()
             if partial is None:
                 raise
-            kept = f"the {done_lines} lines before it are in {partial}; {sink.path} is unchanged"
+            kept = f"the translations of the first {windows.lines} lines are in {partial}; {sink.path} is unchanged"
             raise NMTError(f"{e}; {kept}") from None
         except BaseException:
             sink.discard()

@@ -388,19 +388,51 @@ def test_a_signal_keeps_the_finished_prefix_and_the_old_output(trained, tmp_path
     assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
 
 
-def test_bad_input_midway_keeps_the_lines_before_it(trained, tmp_path, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "source, options",
+    [("file", []), ("fifo", []), ("fifo", ["--stream"]), ("stdin", []), ("stdin", ["--nbest", "2"])],
+)
+def test_bad_input_is_found_before_any_work_in_a_file_and_after_every_line_before_it_in_a_pipe(
+    trained, tmp_path, monkeypatch, capsys, source, options
+):
+    """A regular file is read through first: its bad line is an error before anything is translated.
+    A pipe (stdin, or --input <(...)) is read once, so every line before the bad one is translated
+    first: OUT.partial holds them all, and the error counts input lines (not n-best ones)."""
     import nmt.corpus
+    import nmt.streams
 
-    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 16)  # input read (and checked) a little at a time
-    source, out = tmp_path / "in.de", tmp_path / "out.en"
-    source.write_bytes("".join(s + "\n" for s, _ in PAIRS[:3]).encode() + b"\xff\xfe broken\n")
+    monkeypatch.setattr(nmt.corpus, "_BLOCK_BYTES", 16)  # a file read a little at a time: the bad line
+    monkeypatch.setattr(nmt.corpus, "MAC_SAMPLE_BYTES", 16)  # comes in a later block (one block: test_streams)
+    monkeypatch.setattr(nmt.streams, "WINDOW_LINES", 2)  # and after a window is done
+    data = "".join(s + "\n" for s, _ in PAIRS[:3]).encode() + b"\xff\xfe broken\n" + PAIRS[3][0].encode() + b"\n"
+    source_file, out = tmp_path / "in.de", tmp_path / "out.en"
+    source_file.write_bytes(data)
     out.write_text("an older translation\n")
-    assert main(["translate", "--model", str(trained / "run"), "--stream", "-i", str(source), "-o", str(out)]) == 2
+    name = str(source_file)
+    if source != "file":
+        read_end, write_end = os.pipe()
+        os.write(write_end, data)
+        os.close(write_end)
+        monkeypatch.setattr(sys, "stdin", os.fdopen(read_end, "rb"))
+        name = "<stdin>" if source == "stdin" else f"/dev/fd/{read_end}"  # what --input <(...) names
+    input_args = [] if source == "stdin" else ["-i", name]
+    argv = ["translate", "--model", str(trained / "run"), *input_args, "-o", str(out), *options]
+    assert main(argv) == 2
     error = capsys.readouterr().err.splitlines()[-1]
-    assert error.startswith("nmt translate: error: ") and f"{source}:4: not valid UTF-8" in error
-    assert f"the 3 lines before it are in {out}.partial; {out} is unchanged" in error
-    assert (tmp_path / "out.en.partial").read_text().splitlines() == [t for _, t in PAIRS[:3]]
     assert out.read_text() == "an older translation\n" and not list(tmp_path.glob(".out.en.tmp*"))
+    if source == "file":
+        assert error == f"nmt translate: error: {name}:4: not valid UTF-8"
+        assert not (tmp_path / "out.en.partial").exists()
+        return
+    assert error == (
+        f"nmt translate: error: {name}:4: not valid UTF-8; "
+        f"the translations of the first 3 lines are in {out}.partial; {out} is unchanged"
+    )
+    kept = (tmp_path / "out.en.partial").read_text().splitlines()
+    if options[:1] == ["--nbest"]:
+        assert [line.split(" ||| ")[0] for line in kept] == ["0", "0", "1", "1", "2", "2"]
+        kept = [line.split(" ||| ")[1] for line in kept[::2]]
+    assert kept == [t for _, t in PAIRS[:3]]
 
 
 def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path):

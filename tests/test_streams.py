@@ -3,11 +3,13 @@ input ends. A real pipe stands for stdin; a pause is a window taken before the n
 
 from __future__ import annotations
 
+import io
 import os
 import sys
 
 import pytest
 
+from nmt.errors import NMTError
 from nmt.streams import input_windows
 
 
@@ -37,3 +39,35 @@ def windows_over_a_pipe(monkeypatch, chunks: list[bytes]) -> list[list[str]]:
 )
 def test_stdin_gives_one_line_per_input_line_across_pauses(monkeypatch, chunks, expected):
     assert windows_over_a_pipe(monkeypatch, chunks) == expected
+
+
+def windows_until_error(windows) -> tuple[list[list[str]], str]:
+    """The windows handed on before reading stopped, and the error it stopped with."""
+    received = []
+    with pytest.raises(NMTError) as stopped:
+        for window in windows:
+            received.append(window)
+    return received, str(stopped.value)
+
+
+@pytest.mark.parametrize("source", ["pipe", "unreadable fd", "file"])
+def test_every_line_before_a_bad_one_is_handed_on_before_the_error(monkeypatch, tmp_path, source):
+    """Read as one chunk (stdin) or one block (a file), the lines before a line that is not UTF-8
+    are still translated, so an output's .partial holds all of them."""
+    data = b"a\nb\n\nc\n\xff x\nd\n"
+    if source == "file":
+        path = tmp_path / "in.txt"
+        path.write_bytes(data)
+        name = str(path)
+    elif source == "pipe":
+        read_end, write_end = os.pipe()
+        os.write(write_end, data)
+        os.close(write_end)
+        monkeypatch.setattr(sys, "stdin", os.fdopen(read_end, "rb"))
+        path, name = None, "<stdin>"
+    else:  # no file descriptor (embedding): read whole
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+        path, name = None, "<stdin>"
+    windows, error = windows_until_error(input_windows(path, 3))
+    assert windows == [["a", "b", ""], ["c"]]
+    assert error == f"{name}:5: not valid UTF-8"
