@@ -189,13 +189,14 @@ def check_text(source: Path | None) -> None:
 
 def progress_bar(source: Path | None, tokenizer):
     """A progress bar on a terminal, counting source tokens (a sentence costs by its length, so the
-    ETA holds); its total is known for a file, counted window by window before translating."""
+    ETA holds); its total is known for a regular file, counted window by window before translating
+    (a pipe, ``--input <(...)``, can be read only once: it is left to the translation)."""
     if not sys.stderr.isatty():
         return None
     from tqdm import tqdm
 
     total = None
-    if source is not None:
+    if source is not None and source.is_file():
         total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
     return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
 
@@ -246,7 +247,7 @@ def translate_into(
     with sigterm_interrupts():
         try:
             bar = progress_bar(source, translator.src_tok)
-            progress = bar.update if bar else None
+            progress = None if bar is None else bar.update  # a tqdm without a total has no truth value
             done = translate_stream(translator, iter(windows), decode, sink.write, progress, attention)
         except KeyboardInterrupt as e:
             message = f"interrupted after {sink.lines} output lines"

@@ -435,6 +435,22 @@ def test_bad_input_is_found_before_any_work_in_a_file_and_after_every_line_befor
     assert kept == [t for _, t in PAIRS[:3]]
 
 
+@pytest.mark.parametrize("source", ["stdin", "fifo"])
+def test_stdin_or_a_pipe_input_is_translated_with_a_progress_bar_on_a_terminal(trained, tmp_path, monkeypatch, source):
+    """On a terminal the bar has no total for either (a pipe, --input <(...), is not counted first:
+    it can be read only once), and the translation gets every line."""
+    read_end, write_end = os.pipe()
+    os.write(write_end, "".join(s + "\n" for s, _ in PAIRS).encode())
+    os.close(write_end)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    out = tmp_path / "out.en"
+    with os.fdopen(read_end, "rb") as pipe:
+        monkeypatch.setattr(sys, "stdin", pipe)
+        given = [] if source == "stdin" else ["-i", f"/dev/fd/{read_end}"]
+        assert main(["translate", "--model", str(trained / "run"), *given, "-o", str(out)]) == 0
+    assert out.read_text().splitlines() == [t for _, t in PAIRS]
+
+
 def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path):
     out = tmp_path / "out.en"
     (tmp_path / "out.en.partial").write_text("the prefix an interrupted run kept\n")
