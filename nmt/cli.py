@@ -25,6 +25,17 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _checkpoint_count(text: str) -> int:
+    """How many checkpoints to average: one would only copy a checkpoint (as train.average_last, >= 2)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (checkpoints to average), got {text!r}")
+    return value
+
+
 def _non_negative_int(text: str) -> int:
     try:
         value = int(text)
@@ -141,7 +152,9 @@ def _train_parsers(sub) -> None:
         "average on the dev set and keep it as checkpoints/average_last_N.pt.",
     )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
-    p.add_argument("--last", type=_positive_int, required=True, help="how many of the latest checkpoints")
+    p.add_argument(
+        "--last", type=_checkpoint_count, required=True, help="how many of the latest checkpoints (at least 2)"
+    )
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to score it")
     p.set_defaults(func=commands.cmd_average)
 

@@ -94,6 +94,19 @@ def test_nmt_average_command_and_its_errors(run, capsys):
         lock.release()
 
 
+@pytest.mark.parametrize("last", ["1", "0", "two"])
+def test_nmt_average_of_fewer_than_two_is_refused_before_touching_the_run(run, capsys, last):
+    index = (run / "run" / "checkpoints" / "index.json").read_bytes()
+    with pytest.raises(SystemExit) as exit_:
+        main(["average", "--model", str(run / "run"), "--last", last])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    said = f"argument --last: expected an integer >= 2 (checkpoints to average), got {last!r}"
+    assert err.strip().splitlines()[-1].endswith(said)
+    assert not (run / "run" / "checkpoints" / "average_last_1.pt").exists()
+    assert (run / "run" / "checkpoints" / "index.json").read_bytes() == index
+
+
 def test_average_last_needs_the_checkpoints_kept(tmp_path):
     values = yaml.safe_load(tiny_config(tmp_path).read_text())
     values["train"].update(average_last=4, keep_last=2)
