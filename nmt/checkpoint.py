@@ -157,6 +157,9 @@ class CheckpointManager:
     def save_state(self, payload: dict, update: int) -> Path:
         path = self.directory / f"update_{update:08d}.pt"
         save(payload, path)
+        # Recorded where it outlives the file: a run whose update_*.pt are gone is not taken for a new one.
+        index = self.read_index()
+        atomic_write_bytes(self.index_path, json.dumps({**index, "last_state": update}, indent=1).encode())
         for old in list_checkpoints(self.directory, "update")[self.keep_last :]:
             _remove(old.path)
         return path
@@ -245,6 +248,16 @@ class CheckpointManager:
                 "readable; restore one, or train into a new run_dir to start over"
             )
         return None
+
+
+def last_state_recorded(directory: Path) -> int | None:
+    """The update of the newest training state the run's index.json records as written (the file
+    may be gone since), or None: none written yet, or by an earlier version that did not record it."""
+    try:
+        update = json.loads((directory / "index.json").read_text()).get("last_state")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return update if isinstance(update, int) else None
 
 
 def rng_state() -> dict[str, Any]:

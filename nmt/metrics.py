@@ -125,6 +125,29 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
     return parse_metrics(data, path)
 
 
+def validations_trained_on(path: Path) -> tuple[int, int]:
+    """The validations of the run's history in ``path`` (as ``read_metrics`` takes it), and how many of
+    them the run trained on from: each but the last, and that one too where a train record of a
+    later update follows it. Training goes on from a validation only once its training state is
+    written, so a run with any such has written one. Lenient, unlike ``read_metrics``: a line that is
+    not a record is skipped. (0, 0) where there is no file."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return 0, 0
+    train: list[dict] = []
+    valid: list[dict] = []
+    for number, line in enumerate(data.split(b"\n"), 1):
+        try:
+            _add(_parse_line(line, path, number), train, valid, path, number)
+        except NMTError:
+            continue
+    if not valid:
+        return 0, 0
+    trained_past_last = bool(train) and train[-1]["update"] > valid[-1]["update"]
+    return len(valid), len(valid) - 1 + trained_past_last
+
+
 def parse_metrics(data: bytes, path: Path) -> tuple[list[dict], list[dict]]:
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline

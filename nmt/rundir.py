@@ -30,7 +30,7 @@ from pathlib import Path
 from nmt.config import Config, DecodeConfig, config_to_dict, config_yaml, load_config
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
-from nmt.metrics import METRICS_FILE
+from nmt.metrics import METRICS_FILE, validations_trained_on
 from nmt.tensorboard import TENSORBOARD_DIR
 from nmt.tokenizer import record_path
 
@@ -442,6 +442,35 @@ class RunDir:
                 check_resumable(saved, cfg)
             cfg = kept_tuned_decode(cfg, saved, self.tune_decode_path, log)
         return cfg
+
+    def check_not_starting_over(self) -> None:
+        """Refuse to train from update 0 a run that has written training states but holds none now
+        (update_*.pt deleted, to save disk say): a second history would be mixed with the first's best
+        checkpoints, index and metrics. A first start that failed before its first training state
+        (even while writing it, after its best checkpoint) starts again, as before."""
+        from nmt.checkpoint import last_state_recorded, list_checkpoints
+
+        if list_checkpoints(self.checkpoint_dir, "update"):
+            return  # resumed from, or refused by load_latest_state where none is readable
+        recorded = last_state_recorded(self.checkpoint_dir)
+        averaged = sorted(p.name for p in self.checkpoint_dir.glob("average_*.pt"))
+        validations, trained_on = validations_trained_on(self.metrics_path)
+        if recorded is None and not averaged and not trained_on:
+            return
+        found = []
+        models = sorted(p.name for p in self.checkpoint_dir.glob("*.pt"))
+        if models:
+            more = f" and {len(models) - 2} more" if len(models) > 2 else ""
+            found.append(f"checkpoints/{', '.join(models[:2])}{more}")
+        if recorded is not None:
+            found.append(f"checkpoints/index.json, which records one at update {recorded}")
+        if validations:
+            found.append(f"{validations} validation{'s' if validations > 1 else ''} in {METRICS_FILE}")
+        raise NMTError(
+            f"{self.path}: no training-state checkpoint (checkpoints/update_*.pt) is left, but the run has "
+            f"trained ({'; '.join(found)}): restore the update_*.pt files to resume, or train into a new run_dir "
+            "to start over"
+        )
 
     def has_checkpoints(self) -> bool:
         return self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.glob("*.pt"))

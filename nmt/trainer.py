@@ -195,7 +195,9 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         # Rank 0 takes the run and prepares the data while the others wait; they then find it done
         # and only open it. Each step ends with every rank knowing whether it went well everywhere.
-        distributed.agree(world, lambda: self._take_run(config_file, early) if world.is_main else None, solo_work=True)
+        distributed.agree(
+            world, lambda: self._take_run(config_file, early, resume) if world.is_main else None, solo_work=True
+        )
         self.data: Prepared = distributed.agree(
             world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log)
         )
@@ -239,10 +241,13 @@ class Trainer:
             f"{self.device}{ranks}, precision {self.precision.name}; {len(self.data.train)} training pairs"
         )
 
-    def _take_run(self, config_file, early: list[str]) -> None:
-        """Rank 0: the run's lock (refusing a config that cannot resume it), its log (with the
-        ``early`` messages, said before it was open), and its data prepared (tokenizers, shards)."""
+    def _take_run(self, config_file, early: list[str], resume: bool) -> None:
+        """Rank 0: the run's lock (refusing a config that cannot resume it, and, where ``resume``, a
+        run that has trained but lost its training states), its log (with the ``early`` messages,
+        said before it was open), and its data prepared (tokenizers, shards)."""
         self.cfg = self.run.open_for_training(self.cfg, config_file, self.log)
+        if resume:
+            self.run.check_not_starting_over()
         try:
             self._log_file = open(self.run.log_path, "a", encoding="utf-8")
         except OSError as e:

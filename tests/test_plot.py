@@ -11,7 +11,15 @@ import pytest
 
 from nmt.cli import main
 from nmt.errors import NMTError
-from nmt.metrics import SCALARS, MetricsLog, TokenRate, moving_average, read_metrics, scalar_series
+from nmt.metrics import (
+    SCALARS,
+    MetricsLog,
+    TokenRate,
+    moving_average,
+    read_metrics,
+    scalar_series,
+    validations_trained_on,
+)
 from nmt.plot import TIME_LABEL, UPDATES_LABEL, load_run, plot_runs, run_labels, scalar_figure
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -153,6 +161,25 @@ def test_corrupt_middle_line_is_a_one_line_error(tmp_path):
     write_run(run, [train(1, 1.0), {"type": "valid", "update": 1}])
     with pytest.raises(NMTError, match=r"metrics.jsonl:2: valid record without a numeric 'elapsed'"):
         read_metrics(run)
+
+
+def test_validations_trained_on_say_whether_a_training_state_was_written(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    assert validations_trained_on(path) == (0, 0)  # no file
+    three = [train(1, 1.0), train(2, 2.0), train(3, 3.0)]
+    write_run(tmp_path, three)
+    assert validations_trained_on(path) == (0, 0)
+    # Died as it wrote the training state of its first validation: none was written.
+    write_run(tmp_path, [*three, valid(3, 3.5, 1.0)])
+    assert validations_trained_on(path) == (1, 0)
+    # Started again from update 0 after that: the earlier session's validation is no longer the run's.
+    write_run(tmp_path, [*three, valid(3, 3.5, 1.0), train(1, 1.0), train(2, 2.0)])
+    assert validations_trained_on(path) == (0, 0)
+    # Trained on from its validation (a line that is not a record is skipped), or validated again.
+    write_run(tmp_path, [*three, valid(3, 3.5, 1.0)], 'garbage{\n{"type": "train", "update": 4, "elapsed": 4}\n')
+    assert validations_trained_on(path) == (1, 1)
+    write_run(tmp_path, [*three, valid(3, 3.5, 1.0), train(4, 4.0), valid(4, 4.5, 2.0)])
+    assert validations_trained_on(path) == (2, 1)
 
 
 def test_tokens_per_second_by_hand(resumed_run):

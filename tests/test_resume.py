@@ -1,6 +1,8 @@
 """A run stopped and resumed ends with exactly the parameters of the same run left alone."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -198,3 +200,96 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypat
         "validation at update 7 failed (RuntimeError: something nobody foresaw); checkpoint written"
         in (tmp_path / "run" / "train.log").read_text()
     )
+
+
+def _run_files(run_dir) -> dict:
+    return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
+
+
+@pytest.mark.parametrize("deleted", ["update_*", "*"])
+def test_a_run_whose_training_states_are_gone_is_refused_not_started_over(tmp_path, capsys, deleted):
+    # A finished run whose update_*.pt were deleted (to save disk), or its whole checkpoints/ directory.
+    config = tiny_config(tmp_path, max_updates=6, validate_every=3, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    for path in (run / "checkpoints").glob(deleted):
+        path.unlink()
+    before = _run_files(run)
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=9"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(
+        f"nmt train: error: {run}: no training-state checkpoint (checkpoints/update_*.pt) is left, but the run has "
+        "trained ("
+    )
+    assert line.endswith(
+        "2 validations in metrics.jsonl): restore the update_*.pt files to resume, or train into a new run_dir to "
+        "start over"
+    )
+    if deleted == "update_*":
+        found = r"\(checkpoints/best_\d{8}\.pt; checkpoints/index\.json, which records one at update 6; "
+        assert re.search(found, line), line
+    after = _run_files(run)
+    assert after.pop(Path("train.lock")) == b"" and before.pop(Path("train.lock")) == b""
+    assert after == before  # neither the log nor the metrics nor the checkpoints were written
+
+
+def test_a_run_with_one_validation_and_no_metrics_left_is_refused_by_its_index(tmp_path, capsys):
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    for path in [*(run / "checkpoints").glob("update_*"), run / "metrics.jsonl"]:
+        path.unlink()
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=6"]) == 2
+    assert "(checkpoints/best_00000003.pt; checkpoints/index.json, which records one at update 3)" in (
+        capsys.readouterr().err
+    )
+    assert not (run / "metrics.jsonl").exists()
+
+
+def test_a_first_start_that_died_writing_its_first_training_state_starts_again(tmp_path, monkeypatch, capsys):
+    # It validated (a best checkpoint, index.json, a validation in metrics.jsonl), then died before
+    # its training state was renamed into place: there is nothing to resume from, and nothing lost.
+    from nmt import testhooks
+
+    def dies(tmp):
+        if tmp.name.startswith(".update_"):
+            raise RuntimeError("killed while writing the training state")
+
+    config = tiny_config(tmp_path, max_updates=6, validate_every=3, warmup_updates=1)
+    monkeypatch.setattr(testhooks, "before_rename", dies)
+    with pytest.raises(RuntimeError, match="killed while writing"):
+        main(["train", "--config", str(config)])
+    run = tmp_path / "run"
+    assert (run / "checkpoints" / "best_00000003.pt").exists() and (run / "checkpoints" / "index.json").exists()
+    assert not list((run / "checkpoints").glob("update_*"))
+    monkeypatch.setattr(testhooks, "before_rename", None)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 0
+    assert "resuming" not in capsys.readouterr().err
+    assert final_weights(run)[0] == 6
+
+
+def test_a_first_start_that_failed_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch, capsys):
+    # It trained a few updates (train records in metrics.jsonl), then failed: nothing to resume from.
+    import nmt.trainer
+
+    step = nmt.trainer.Trainer.train_step
+
+    def failing(self, group):
+        if self.progress.update == 3:
+            raise RuntimeError("a failure before the first validation")
+        return step(self, group)
+
+    config = tiny_config(tmp_path, max_updates=6, validate_every=5, warmup_updates=1)
+    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", failing)
+    with pytest.raises(RuntimeError, match="before the first validation"):
+        main(["train", "--config", str(config)])
+    run = tmp_path / "run"
+    assert (run / "metrics.jsonl").read_text().count('"train"') == 3 and not list(run.glob("checkpoints/*"))
+    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", step)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 0
+    assert "resuming" not in capsys.readouterr().err
+    assert final_weights(run)[0] == 6
