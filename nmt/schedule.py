@@ -7,8 +7,12 @@ run's elapsed time, which checkpoints keep), so a resumed run recomputes the rat
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 from nmt.config import TrainConfig
+
+# What a cosine or linear decay runs over, the first one set (``learning_rate``).
+HORIZON_KEYS = ("decay_updates", "max_updates", "max_minutes")
 
 
 def learning_rate(update: int, cfg: TrainConfig, elapsed_seconds: float = 0.0) -> float:
@@ -40,6 +44,39 @@ def learning_rate(update: int, cfg: TrainConfig, elapsed_seconds: float = 0.0) -
     total = cfg.decay_updates or cfg.max_updates
     assert total is not None, "config check guarantees decay_updates or max_updates"
     return _decay(cfg, min(1.0, max(0.0, (update - warmup) / max(1, total - warmup))))
+
+
+def decay_horizon(cfg: TrainConfig) -> str | None:
+    """The key whose value the decay runs over: decay_updates, max_updates or max_minutes; None for
+    a schedule that has no end (inverse_sqrt, constant)."""
+    if cfg.schedule not in ("cosine", "linear"):
+        return None
+    return next((key for key in HORIZON_KEYS if getattr(cfg, key) is not None), None)
+
+
+def horizon_change(saved: TrainConfig, now: TrainConfig, update: int, elapsed_seconds: float) -> str | None:
+    """The warning a resume logs where ``now`` moves the end of the decay ``saved`` (the run's config
+    until now) ran over, so that the rate of ``update`` is not the one the run was heading for: a run
+    extended with a larger train.max_minutes or max_updates goes back up its decay to where the longer
+    run would be. None where the rate of ``update`` is the same, or the decay's end did not move."""
+    horizons = (decay_horizon(saved), decay_horizon(now))
+    keys = [k for k in HORIZON_KEYS if k in horizons and getattr(saved, k) != getattr(now, k)]
+    moved = replace(saved, **{k: getattr(now, k) for k in HORIZON_KEYS})
+    if not keys or decay_horizon(moved) is None:
+        return None
+    before = learning_rate(update, saved, elapsed_seconds)
+    if math.isclose(learning_rate(update, moved, elapsed_seconds), before, rel_tol=1e-9):
+        return None
+    changes = ", ".join(f"train.{k} {_value(getattr(saved, k))} -> {_value(getattr(now, k))}" for k in keys)
+    after = learning_rate(update, now, elapsed_seconds)
+    return (
+        f"warning: {changes} moves the end of the {saved.schedule} decay: update {update} trains at learning rate "
+        f"{after:.2e}, not {before:.2e} as the run's config.yaml had it"
+    )
+
+
+def _value(value: object) -> str:
+    return "unset" if value is None else f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _decay(cfg: TrainConfig, progress: float) -> float:

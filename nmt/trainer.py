@@ -32,7 +32,7 @@ from nmt.metrics import MetricsLog
 from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
-from nmt.schedule import learning_rate
+from nmt.schedule import horizon_change, learning_rate
 from nmt.signals import Interrupted
 from nmt.translate import Translator
 
@@ -301,6 +301,10 @@ class Trainer:
         change = world_size_change(p, self.world.world_size, self.cfg.train.accumulate)
         if change is not None:
             self.log(change)
+        if self.world.is_main and self.run.config_path.exists():  # config.yaml is still the run's config until now
+            change = horizon_change(self.run.config().train, self.cfg.train, p.update + 1, p.elapsed_seconds)
+            if change is not None:
+                self.log(change)
         batches = len(self.epoch_plan())
         moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
         if moved != (p.epoch, p.batch_in_epoch):

@@ -293,3 +293,25 @@ def test_a_first_start_that_failed_before_its_first_checkpoint_starts_again(tmp_
     assert main(["train", "--config", str(config)]) == 0
     assert "resuming" not in capsys.readouterr().err
     assert final_weights(run)[0] == 6
+
+
+def test_extending_a_run_decayed_over_its_time_budget_warns_of_the_rate_it_goes_back_to(tmp_path, capsys):
+    # README's workflow: a linear decay over train.max_minutes, resumed with a larger budget. The
+    # first run stops at its budget (at lr_min); twice that budget puts the next update halfway up.
+    budget = {"max_updates": None, "max_epochs": 10_000, "schedule": "linear", "warmup_updates": 1}
+    config = tiny_config(tmp_path, max_minutes=0.001, validate_every=10_000, **budget)
+    assert main(["train", "--config", str(config)]) == 0
+    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    update, elapsed = state["update"], state["elapsed_seconds"]
+    capsys.readouterr()
+    longer = f"train.max_minutes={2 * elapsed / 60!r}"
+    assert main(["train", "--config", str(tmp_path / "run" / "config.yaml"), "--set", longer]) == 0
+    err = capsys.readouterr().err
+    warning = (
+        f"warning: train.max_minutes 0.001 -> {2 * elapsed / 60:g} moves the end of the linear decay: update "
+        f"{update + 1} trains at learning rate 5.00e-03, not 0.00e+00 as the run's config.yaml had it"
+    )
+    assert warning in err.splitlines(), err
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    [resumed] = [r for r in records if r["type"] == "train" and r["update"] == update + 1]
+    assert resumed["lr"] == pytest.approx(5e-3)  # the documented formula, kept

@@ -1,6 +1,7 @@
 """Learning-rate values at chosen steps, against the formulas worked by hand."""
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -54,3 +55,38 @@ def test_decay_over_a_wall_clock_budget():
     # The update count still decides where one is given.
     by_updates = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="linear", max_updates=100, max_minutes=2)
     assert learning_rate(50, by_updates, elapsed_seconds=119.0) == pytest.approx(0.5)
+
+
+def test_a_resume_that_moves_the_end_of_the_decay_is_named_with_both_rates():
+    from nmt.schedule import horizon_change
+
+    saved = TrainConfig(lr_peak=1.0, lr_min=0.0, warmup_updates=0, schedule="linear", max_updates=100)
+    longer = replace(saved, max_updates=200)
+    # Update 101 of the saved run would train at lr_min; of the longer one, halfway down its decay.
+    assert horizon_change(saved, longer, 101, 0.0) == (
+        "warning: train.max_updates 100 -> 200 moves the end of the linear decay: update 101 trains at learning rate "
+        "4.95e-01, not 0.00e+00 as the run's config.yaml had it"
+    )
+    clock = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="cosine", max_minutes=30)
+    assert horizon_change(clock, replace(clock, max_minutes=60), 88, 1800.0) == (
+        "warning: train.max_minutes 30 -> 60 moves the end of the cosine decay: update 88 trains at learning rate "
+        "5.00e-01, not 0.00e+00 as the run's config.yaml had it"
+    )
+    bounded = replace(clock, max_minutes=60.0, max_updates=500)  # now the update count decides
+    assert "train.max_updates unset -> 500" in horizon_change(clock, bounded, 88, 900.0)
+
+
+def test_a_resume_whose_decay_ends_where_it_did_is_not_warned_about():
+    from nmt.schedule import horizon_change
+
+    saved = TrainConfig(lr_peak=1.0, warmup_updates=10, schedule="linear", max_updates=100)
+    assert horizon_change(saved, saved, 50, 0.0) is None
+    assert horizon_change(saved, replace(saved, max_updates=200), 5, 0.0) is None  # still warming up
+    fixed = replace(saved, decay_updates=100)
+    assert horizon_change(fixed, replace(fixed, max_updates=200), 50, 0.0) is None  # decay_updates decides
+    assert horizon_change(saved, replace(saved, max_updates=200, decay_updates=100), 50, 0.0) is None
+    for schedule in ("inverse_sqrt", "constant"):  # no end to move
+        endless = replace(saved, schedule=schedule)
+        assert horizon_change(endless, replace(endless, max_updates=200, max_minutes=5), 50, 0.0) is None
+    clock = TrainConfig(lr_peak=1.0, warmup_updates=0, schedule="linear", max_minutes=30, max_updates=100)
+    assert horizon_change(clock, replace(clock, max_minutes=60), 50, 900.0) is None  # max_updates decides
