@@ -150,7 +150,8 @@ REPORT_WAIT_S = 30.0
 
 
 class Stopped(NMTError):
-    """This rank ends because another failed and reports why: no message, the failure's exit status.
+    """This rank ends because another failed and reports why: no message; torchrun's SIGTERM, once the
+    reporting rank has exited, or else the failure's exit status.
 
     ``wait``: stay until torchrun ends this process (after the reporting rank has printed and
     exited) or ``REPORT_WAIT_S`` pass; not for a signal, where torchrun is already stopping every

@@ -225,7 +225,9 @@ def test_bad_input_under_torchrun_is_one_line_from_rank_0(setup, sets, message):
     ours = done.stderr.split("ChildFailedError")[0]  # torchrun's report of the failed job follows
     assert ours.count("nmt train: error:") == 1 and message in ours, ours[-3000:]
     assert "[rank" not in ours  # no rank's traceback (torchrun prefixes them)
-    assert "exitcode  : 2" in done.stderr.split("Failures:")[1]  # rank 1 ended as rank 0 did
+    # Root cause: rank 0's error, not a rank stopped before it could report (torchrun names the first failure).
+    root_cause = done.stderr.split("Root Cause")[1]
+    assert "rank      : 0" in root_cause and "exitcode  : 2" in root_cause, root_cause
 
 
 def test_a_rank_whose_peer_died_says_so_in_one_line(setup):
