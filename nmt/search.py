@@ -7,7 +7,9 @@ Conventions shared by both searches:
 - They return ``Hypothesis`` objects: token ids without BOS or EOS, the summed log-probability
   and the number of steps taken.
 - Scores are log-probabilities from a log_softmax in fp32, whatever dtype the model computes in;
-  only the few that can matter per row are kept (``top_log_probs``).
+  only the few that can matter per row are kept (``top_log_probs``). PAD and BOS are never
+  emitted (their log-probability is set to -inf after the softmax, so the others' are unchanged):
+  an undertrained model may rank them first, and neither is text.
 - Both run under no_grad rather than inference_mode, so that autocast can cache its
   low-precision copy of each weight across steps (see ``Translator.translate_ids``).
 - Sentences that are done leave the batch (``reorder_state`` with the surviving rows), so the
@@ -52,9 +54,10 @@ def max_output_lengths(src_mask: torch.Tensor, a: float, b: float, max_positions
     return torch.floor(a * src_len + b).clamp(min=1, max=upper).long()
 
 
-def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+def top_log_probs(logits: torch.Tensor, k: int, never: tuple[int, ...] = ()) -> tuple[torch.Tensor, torch.Tensor]:
     """topk(log_softmax(logits.float(), -1), k), computed by blocks of rows: logits (N, V)
-    -> log-probabilities (N, k) fp32, best first, and their token ids (N, k).
+    -> log-probabilities (N, k) fp32, best first, and their token ids (N, k); the ids in ``never``
+    get -inf (chosen only where a row has fewer than k others).
 
     The same kernels on the same rows, so the same values; but on CPU each block's fp32
     log-probabilities (~2 MB) stay in cache and only k per row are kept. Building the whole (N, V)
@@ -68,11 +71,15 @@ def top_log_probs(logits: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Ten
     ids = torch.empty(N, k, dtype=torch.long, device=logits.device)
     for a in range(0, N, rows):
         block = torch.log_softmax(logits[a : a + rows], dim=-1, dtype=torch.float32)  # (rows, V)
+        if never:
+            block[:, list(never)] = -math.inf
         torch.topk(block, k, dim=-1, out=(values[a : a + rows], ids[a : a + rows]))
     return values, ids
 
 
-def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tuple[torch.Tensor, ...]:
+def best_continuations(
+    scores: torch.Tensor, logits: torch.Tensor, k: int, never: tuple[int, ...] = ()
+) -> tuple[torch.Tensor, ...]:
     """The k best one-token continuations of each sentence's K beams, best first.
 
     scores (n, K) summed log-probabilities of the beams, logits (n*K, V) for their next token
@@ -82,7 +89,7 @@ def best_continuations(scores: torch.Tensor, logits: torch.Tensor, k: int) -> tu
     """
     n, K = scores.shape
     width = min(k, logits.shape[-1])
-    lprobs, ids = top_log_probs(logits, width)  # (n*K, w)
+    lprobs, ids = top_log_probs(logits, width, never)  # (n*K, w)
     cand = (scores.reshape(-1, 1) + lprobs).view(n, K * width)
     if K * width < k:  # fewer candidates than asked (one beam over a tiny vocabulary): pad with dead ones
         cand = F.pad(cand, (0, k - K * width), value=-math.inf)
@@ -144,7 +151,7 @@ def greedy_search(
     for t in range(int(limit.max())):
         logits, state = model.decode_step(tokens, state)  # (n, V)
         weights = _grow(weights, None, model.step_attention(state))
-        best, ids = top_log_probs(logits, 1)  # (n, 1): the arg-max and its log-probability
+        best, ids = top_log_probs(logits, 1, (model.pad_id, bos_id))  # (n, 1): the arg-max and its log-probability
         tokens = ids[:, 0]
         log_prob += best[:, 0]
         history = torch.cat([history, tokens[:, None]], dim=1)
@@ -238,7 +245,7 @@ def beam_search(
     while beams.sentence:
         logits, beams.state = model.decode_step(beams.tokens, beams.state)  # (n*K, V)
         step_attention = model.step_attention(beams.state)  # (n*K, L, H, S) or None
-        top_scores, top_beam, top_tok = best_continuations(beams.scores, logits, 2 * K)  # (n, 2K)
+        top_scores, top_beam, top_tok = best_continuations(beams.scores, logits, 2 * K, (model.pad_id, bos_id))
         norm = float(t + 1) ** length_penalty
         _finish(beams, finished, top_scores, top_beam, top_tok, norm, K, eos_id, step_attention)
         rows = _prune(beams, top_scores, top_beam, top_tok, K, eos_id)

@@ -333,7 +333,7 @@ def beam_to_the_limit(model: StepTable, i: int, max_len: int, K: int, lp: float,
         cand = []
         for log_p, ids in beams:
             row = torch.log_softmax(model.table[i, t, ids[-1] if ids else BOS].float(), dim=-1)
-            cand += [(log_p + row[y], ids + [y]) for y in range(model.W)]
+            cand += [(log_p + row[y], ids + [y]) for y in range(model.W) if y not in (PAD, BOS)]  # never emitted
         top = sorted(cand, key=lambda c: -float(c[0]))[: 2 * K]
         finished += [(float(s) / (t + 1) ** lp, ids) for s, ids in top[:K] if ids[-1] == EOS]
         beams = [c for c in top if c[1][-1] != EOS][:K]
@@ -365,3 +365,31 @@ def test_the_early_stop_loses_nothing_with_length_penalty_0_only():
             gains = [full[0][1] - mine[0][1] for mine, full in zip(ours, reference)]
             assert min(gains) > -1e-5  # decoding on only adds finished hypotheses
             assert any(g > 1e-3 for g in gains)  # and with length_penalty 1 some beat the early stop's best
+
+
+class FavoursPadAndBos(Transformer):
+    """A random Transformer whose PAD and BOS logits dwarf the others: an undertrained model can rank
+    them first, and neither is text."""
+
+    def project(self, h):
+        logits = super().project(h)
+        return logits + torch.nn.functional.one_hot(torch.tensor([PAD, BOS]), V).sum(0).to(logits.dtype) * 50.0
+
+
+def test_search_never_emits_pad_or_bos_and_keeps_the_other_log_probs():
+    torch.manual_seed(3)
+    cfg = TransformerConfig(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=4, dropout=0.0)
+    model = FavoursPadAndBos(cfg, V, V, PAD).eval()
+    src, mask = sources(4)
+    limits = torch.full((src.shape[0],), 6)
+    found = [[h] for h in greedy_search(model, src, mask, limits, BOS, EOS)]
+    found += beam_search(model, src, mask, limits, 4, 1.0, BOS, EOS, nbest=4)
+    for hyps in found:
+        for h in hyps:
+            assert PAD not in h.tokens and BOS not in h.tokens and math.isfinite(h.log_prob), h
+    # The log-probabilities are the model's own, not renormalised over the words allowed.
+    for i, (h,) in enumerate(found[: src.shape[0]]):
+        ended = h.steps == len(h.tokens) + 1
+        assert h.log_prob == pytest.approx(
+            sequence_logprob(model, src[i : i + 1], mask[i : i + 1], h.tokens, ended), abs=1e-4
+        )
