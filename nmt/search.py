@@ -71,8 +71,8 @@ def top_log_probs(logits: torch.Tensor, k: int, never: tuple[int, ...] = ()) -> 
     ids = torch.empty(N, k, dtype=torch.long, device=logits.device)
     for a in range(0, N, rows):
         block = torch.log_softmax(logits[a : a + rows], dim=-1, dtype=torch.float32)  # (rows, V)
-        if never:
-            block[:, list(never)] = -math.inf
+        for token in never:
+            block[:, token] = -math.inf
         torch.topk(block, k, dim=-1, out=(values[a : a + rows], ids[a : a + rows]))
     return values, ids
 
