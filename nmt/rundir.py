@@ -27,7 +27,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, DecodeConfig, config_to_dict, config_yaml, load_config
+from nmt.config import Config, CorpusConfig, DecodeConfig, config_to_dict, config_yaml, load_config
+from nmt.corpus import plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE, validations_trained_on
@@ -425,6 +426,7 @@ class RunDir:
                     f"files there ({CONFIG} among them) and never rewrites a config you wrote: "
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
+        self.check_apart_from_corpora(cfg)
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -442,6 +444,37 @@ class RunDir:
                 check_resumable(saved, cfg)
             cfg = kept_tuned_decode(cfg, saved, self.tune_decode_path, log)
         return cfg
+
+    def check_apart_from_corpora(self, cfg: Config) -> None:
+        """Refuse a run_dir whose own files or directories would be where a local corpus is read
+        (a corpus in RUN_DIR/data/ meets the shards' data/train/), or that lies in a corpus's
+        directory: the run would write into data other runs may share, before it fails on it."""
+        run_real = Path(os.path.realpath(self.path))
+        # By real path (a symlinked run or data directory), named as in the layout.
+        directories = {self.train_data_dir.parent, self.checkpoint_dir, self.path / TENSORBOARD_DIR}
+        owned = {
+            Path(os.path.realpath(p)): f"{p.relative_to(self.path)}{'/' if p in directories else ''}"
+            for p in self.owned_paths(cfg)
+        }
+        for split in ("train", "dev", "test"):
+            spec: CorpusConfig | None = getattr(cfg.data, split)
+            if spec is None or not spec.path or not os.path.isabs(spec.path):
+                continue  # a hub dataset by name has no files here
+            corpus = Path(os.path.realpath(spec.path))
+            where = f"config key 'run_dir': {self.path}"
+            if corpus == run_real or corpus in run_real.parents:  # a directory there is read as a dataset
+                raise NMTError(
+                    f"{where} is or lies in data.{split}'s corpus path {spec.path}: choose a run_dir outside it"
+                )
+            langs = (cfg.data.src_lang, cfg.data.trg_lang)
+            read = [corpus, *(p for lang in langs for p in plain_paths(str(corpus), lang))]
+            for path in read:
+                for mine, name in owned.items():
+                    if path == mine or mine in path.parents:
+                        raise NMTError(
+                            f"{where}: the run's own {name} would be data.{split}'s corpus "
+                            f"{path}; choose a run_dir apart from the data (e.g. runs/NAME)"
+                        )
 
     def check_not_starting_over(self) -> None:
         """Refuse to train from update 0 a run that has written training states but holds none now

@@ -279,6 +279,29 @@ def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path):
     assert RunDir.existing(tmp_path / "run").config().train.max_updates == 7
 
 
+def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_writing(tmp_path):
+    # The corpus is DATA/train.{de,en}: a run_dir of DATA's parent would put its shards' data/train/
+    # beside those files, and DATA/train itself would be read as a dataset directory.
+    made = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
+    config = tmp_path / "configs" / made.name  # its paths are absolute; run_dir may not be its directory
+    config.parent.mkdir()
+    made.rename(config)
+    before = snapshot(tmp_path / "data")
+    one_line_error(
+        nmt("train", "--config", config, "--set", f"run_dir={tmp_path}"),
+        "config key 'run_dir'",
+        "the run's own data/ would be data.train's corpus",
+    )
+    one_line_error(
+        nmt("train", "--config", config, "--set", f"run_dir={tmp_path / 'data' / 'train'}"),
+        "is or lies in data.train's corpus path",
+    )
+    assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train.de", "train.en"]
+    assert snapshot(tmp_path / "data") == before
+    # Another run on the same data is unharmed.
+    assert nmt("train", "--config", config).returncode == 0
+
+
 # ---------------------------------------------------------------------------- mismatches
 
 
