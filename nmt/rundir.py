@@ -419,11 +419,19 @@ class RunDir:
         Returns ``cfg``, with the decoding 'nmt tune-decode' chose for the run where ``cfg`` repeats
         what that replaced (``kept_tuned_decode``).
         """
-        if config_file is not None and not _written_by_nmt(config_file):
-            if config_file.absolute().parent == self.path.absolute():
+        if config_file is not None and _real(config_file.absolute().parent) == _real(self.path):
+            if not _written_by_nmt(config_file):
                 raise NMTError(
                     f"{config_file}: run_dir is this config file's own directory; 'nmt train' writes the run's "
                     f"files there ({CONFIG} among them) and never rewrites a config you wrote: "
+                    "set run_dir to a directory of its own, e.g. runs/NAME"
+                )
+            if _real(config_file) != _real(self.config_path):
+                # A run's resolved config copied as a template keeps its 'run_dir: .': every copy in one
+                # directory would train, and silently resume, the same run there.
+                raise NMTError(
+                    f"{config_file}: run_dir is this config file's own directory, and the file is not the "
+                    f"{CONFIG} of a run there (a run's {CONFIG} copied keeps its 'run_dir: .'): "
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
         self.check_apart_from_corpora(cfg)
@@ -529,6 +537,10 @@ class RunDir:
     def _is_earlier_run(self) -> bool:
         """A run of an earlier version, whose config.yaml has no header yet."""
         return self.checkpoint_dir.is_dir() or self.metrics_path.exists()
+
+
+def _real(path: Path) -> Path:
+    return Path(os.path.realpath(path))
 
 
 def _written_by_nmt(path: Path) -> bool:

@@ -302,6 +302,25 @@ def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_w
     assert nmt("train", "--config", config).returncode == 0
 
 
+def test_a_runs_config_copied_as_a_template_does_not_train_into_its_own_directory(tmp_path):
+    # Two copies of a resolved config (run_dir: .) in one directory would otherwise train one run
+    # there, the second silently resuming the first's checkpoints with its own settings.
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
+    assert nmt("train", "--config", config).returncode == 0
+    templates = tmp_path / "templates"
+    templates.mkdir()
+    for name in ("a.yaml", "b.yaml"):
+        shutil.copy(tmp_path / "run" / "config.yaml", templates / name)
+    one_line_error(
+        nmt("train", "--config", templates / "a.yaml"),
+        "a.yaml: run_dir is this config file's own directory, and the file is not the config.yaml of a run there",
+    )
+    assert sorted(p.name for p in templates.iterdir()) == ["a.yaml", "b.yaml"]
+    # The run's own config.yaml, reached through a symlink to the run, still resumes it.
+    (tmp_path / "link").symlink_to(tmp_path / "run")
+    assert nmt("train", "--config", tmp_path / "link" / "config.yaml", "--set", "train.max_updates=6").returncode == 0
+
+
 # ---------------------------------------------------------------------------- mismatches
 
 
