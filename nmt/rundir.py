@@ -295,6 +295,13 @@ class RunDir:
         if which == "last":
             path = latest[0].path if latest else None
         elif which in ("auto", "best"):
+            recorded = manager.read_index().get("best", [])
+            if recorded and manager.best_path() is None:  # deleted, or left out of a copy of the run
+                raise NMTError(
+                    f"{self.checkpoint_dir / recorded[0]['file']}: the run's best checkpoint (recorded in "
+                    "index.json) is missing: restore it (translate, eval-bleu and tune-decode also take "
+                    "--checkpoint last, average or a file name)"
+                )
             path = manager.model_path() if which == "auto" else manager.best_path()
             path = path or (latest[0].path if latest else None)
         else:

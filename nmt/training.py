@@ -18,6 +18,7 @@ from pathlib import Path
 from nmt import distributed
 from nmt.batching import padding_fraction
 from nmt.config import Config, TrainConfig
+from nmt.errors import NMTError
 from nmt.rundir import RunDir
 from nmt.signals import SignalGuard
 from nmt.trainer import Progress, Trainer
@@ -69,7 +70,11 @@ def note_retuning(trainer: Trainer) -> None:
     with (a new best or average): said once here, as the run ends, and by each command that loads it."""
     run, cfg = trainer.run, trainer.cfg
     if trainer.world.is_main and run.tune_decode_path.exists():
-        note = run.retune_note(run.model_checkpoint(cfg), "auto", cfg.decode, "translate loads now")
+        try:
+            loaded = run.model_checkpoint(cfg)
+        except NMTError:  # its best checkpoint is missing: translate says so, the finished run stands
+            return
+        note = run.retune_note(loaded, "auto", cfg.decode, "translate loads now")
         if note is not None:
             trainer.log(note)
 

@@ -345,6 +345,24 @@ def test_a_changed_config_is_named_with_its_key(trained, tmp_path):
     one_line_error(done, "model.ff_size is 128 in the checkpoint, 256 in config.yaml")
 
 
+def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(trained, tmp_path):
+    # best_*.pt deleted to save disk, or left out of a copy: 'auto' used to fall back silently to the
+    # averaged model or the newest training state, another model than the README promises.
+    run = copy_run(trained, tmp_path)
+    for best in (run / "checkpoints").glob("best_*.pt*"):
+        best.unlink()
+    source = tmp_path / "src.txt"
+    source.write_text(PAIRS[0][0] + "\n")
+    for which in ("auto", "best"):
+        one_line_error(
+            nmt("translate", "--model", run, "--checkpoint", which, "--input", source),
+            "checkpoints/best_0000",
+            "the run's best checkpoint (recorded in index.json) is missing",
+            "--checkpoint last",
+        )
+    assert nmt("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
+
+
 def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path):
     run = copy_run(trained, tmp_path)
     [best] = (run / "checkpoints").glob("best_*.pt")
