@@ -15,35 +15,25 @@ from nmt.console import say
 from nmt.errors import NMTError
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
+def _int_at_least(low: int, expected: str) -> Callable[[str], int]:
+    """An argparse type: an integer of at least ``low``; ``expected`` says so in the error."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = low - 1
+        if value < low:
+            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
+        return value
+
+    return parse
 
 
-def _checkpoint_count(text: str) -> int:
-    """How many checkpoints to average: one would only copy a checkpoint (as train.average_last, >= 2)."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 2 (checkpoints to average), got {text!r}")
-    return value
-
-
-def _non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}")
-    return value
+_positive_int = _int_at_least(1, "a positive integer")
+_non_negative_int = _int_at_least(0, "an integer >= 0")
+# one checkpoint's average would only copy it (as train.average_last, >= 2)
+_checkpoint_count = _int_at_least(2, "an integer >= 2 (checkpoints to average)")
 
 
 def _finite_float(text: str) -> float:

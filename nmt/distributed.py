@@ -7,7 +7,7 @@ statistics, whether to stop, the validation outcome) travel through the small co
 
 A failure is reported once: a step one rank does alone, or all do alike, ends with ``agree``,
 which tells every rank how it went, so that the lowest rank with a message prints it and the
-others end quietly with its exit status; a rank whose peer went away says so in one line (rank 0
+others end quietly, once torchrun stops them (``Stopped``); a rank whose peer went away says so in one line (rank 0
 after saving the training state, see ``nmt.training.saved_if_a_peer_is_lost``).
 """
 
