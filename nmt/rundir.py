@@ -368,9 +368,9 @@ class RunDir:
         """Refuse an output that is one of the run's own files, lies in one of its directories, or
         is a writer's temporary file: writing it would corrupt the run. A new file in the run
         directory (``RUN_DIR/test.hyp``) is the user's and fine."""
-        target, run_real = Path(os.path.realpath(output)), Path(os.path.realpath(self.path))
+        target, run_real = _real(Path(output)), _real(self.path)
         for owned in self.owned_paths(cfg):
-            real = Path(os.path.realpath(owned))
+            real = _real(owned)
             if target == real or real in target.parents:
                 where = f"is the run's own {real.name}" if target == real else f"lies in the run's own {real.name}/"
                 raise NMTError(f"{option} {output}: {where}; writing it would corrupt the run: choose another file")
@@ -464,18 +464,18 @@ class RunDir:
         """Refuse a run_dir whose own files or directories would be where a local corpus is read
         (a corpus in RUN_DIR/data/ meets the shards' data/train/), or that lies in a corpus's
         directory: the run would write into data other runs may share, before it fails on it."""
-        run_real = Path(os.path.realpath(self.path))
+        run_real = _real(self.path)
         # By real path (a symlinked run or data directory), named as in the layout.
         directories = {self.train_data_dir.parent, self.checkpoint_dir, self.path / TENSORBOARD_DIR}
         owned = {
-            Path(os.path.realpath(p)): f"{p.relative_to(self.path)}{'/' if p in directories else ''}"
+            _real(p): f"{p.relative_to(self.path)}{'/' if p in directories else ''}"
             for p in self.owned_paths(cfg)
         }
         for split in ("train", "dev", "test"):
             spec: CorpusConfig | None = getattr(cfg.data, split)
             if spec is None or not spec.path or not os.path.isabs(spec.path):
                 continue  # a hub dataset by name has no files here
-            corpus = Path(os.path.realpath(spec.path))
+            corpus = _real(Path(spec.path))
             where = f"config key 'run_dir': {self.path}"
             if corpus == run_real or corpus in run_real.parents:  # a directory there is read as a dataset
                 raise NMTError(
@@ -547,6 +547,7 @@ class RunDir:
 
 
 def _real(path: Path) -> Path:
+    """``path`` with every symlink resolved: the same file however it is reached."""
     return Path(os.path.realpath(path))
 
 
