@@ -468,8 +468,7 @@ class RunDir:
         # By real path (a symlinked run or data directory), named as in the layout.
         directories = {self.train_data_dir.parent, self.checkpoint_dir, self.path / TENSORBOARD_DIR}
         owned = {
-            _real(p): f"{p.relative_to(self.path)}{'/' if p in directories else ''}"
-            for p in self.owned_paths(cfg)
+            _real(p): f"{p.relative_to(self.path)}{'/' if p in directories else ''}" for p in self.owned_paths(cfg)
         }
         for split in ("train", "dev", "test"):
             spec: CorpusConfig | None = getattr(cfg.data, split)
