@@ -187,10 +187,11 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from nmt.corpus import read_lines
-    from nmt.scoring import corpus_scores
+    from nmt.scoring import check_line_counts, corpus_scores
 
     _check_hyp_alone(args)
     refs = [read_lines(Path(r)) for r in args.ref]
+    ref_names = list(args.ref)
     if args.model:
         from nmt.rundir import RunDir
         from nmt.streams import StdoutLines, input_file, open_output
@@ -203,9 +204,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         cfg = replace(cfg, decode=replace(cfg.decode, nbest=1))
         _decode_config(args, cfg, run)
         source = input_file(args.src, "--src")
-        n_src = sum(1 for _ in read_lines(source))
-        if n_src != len(refs[0]):
-            raise NMTError(f"{args.src} has {n_src} lines but {args.ref[0]} has {len(refs[0])}")
+        check_line_counts(args.src, sum(1 for _ in read_lines(source)), refs, ref_names)  # before translating
         inputs = [source, *map(Path, args.ref), *run.model_files(cfg)]
         sink = open_output(args.output, inputs, "--output", collect=True)
         _check_not_in_run(args.output, run, cfg)
@@ -219,9 +218,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
             raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
         hyps = read_lines(Path(args.hyp))
         hyp_name = args.hyp
-    if not hyps:
-        raise NMTError(f"{hyp_name}: empty input, nothing to score")
-    scores = corpus_scores(hyps, refs, ref_names=list(args.ref))
+    scores = corpus_scores(hyps, refs, ref_names, hyp_name)
     if args.json:
         print(json.dumps(scores.to_dict(), indent=1))
     else:

@@ -27,14 +27,22 @@ class Scores:
         return asdict(self)
 
 
-def corpus_scores(hyps: list[str], refs: list[list[str]], ref_names: list[str] | None = None) -> Scores:
+def check_line_counts(name: str, n_lines: int, refs: list[list[str]], ref_names: list[str]) -> None:
+    """Every reference has ``n_lines`` lines, or a one-line error naming ``name`` (the hypotheses or
+    the source), the first reference that differs, and both counts."""
+    for ref_name, ref in zip(ref_names, refs):
+        if len(ref) != n_lines:
+            raise NMTError(f"{name} has {n_lines} lines but {ref_name} has {len(ref)}: they must align line by line")
+
+
+def corpus_scores(
+    hyps: list[str], refs: list[list[str]], ref_names: list[str] | None = None, hyp_name: str = "the hypothesis input"
+) -> Scores:
     """BLEU (13a, cased) and chrF of ``hyps`` against one or more reference streams."""
     names = ref_names or [f"reference {i + 1}" for i in range(len(refs))]
     if not hyps:
-        raise NMTError("no hypotheses to score: the hypothesis input is empty")
-    for name, ref in zip(names, refs):
-        if len(ref) != len(hyps):
-            raise NMTError(f"{name}: has {len(ref)} lines but the hypotheses have {len(hyps)}")
+        raise NMTError(f"{hyp_name}: empty input, nothing to score")
+    check_line_counts(hyp_name, len(hyps), refs, names)
     bleu = sacrebleu.metrics.BLEU()
     chrf = sacrebleu.metrics.CHRF()
     b = bleu.corpus_score(hyps, refs)

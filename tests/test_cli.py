@@ -214,6 +214,25 @@ def test_eval_bleu_equals_sacrebleu(tmp_path, capsys):
     assert code == 0 and "BLEU" in out and "chrF" in out and "nrefs:1" in out
 
 
+def test_eval_bleu_line_counts_that_differ_name_both_files_and_counts(trained_run, tmp_path, capsys):
+    run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    short = tmp_path / "short.en"
+    short.write_text("the dog\nthe cat\n")
+    hyp = tmp_path / "hyp.en"
+    hyp.write_text(ref.read_text())
+    code, out, err = run_cli(["eval-bleu", "--hyp", hyp, "--ref", ref, "--ref", short], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert f"{hyp} has 8 lines but {short} has 2" in err
+    code, out, err = run_cli(["eval-bleu", "--hyp", short, "--ref", ref], capsys)
+    assert code == 2 and f"{short} has 2 lines but {ref} has 8" in err
+    # With --model every reference is checked against the source before anything is translated.
+    output = tmp_path / "out.en"
+    argv = ["eval-bleu", "--model", run, "--src", src, "--ref", ref, "--ref", short, "--output", output]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 2 and err.count("\n") == 1 and f"{src} has 8 lines but {short} has 2" in err
+    assert not output.exists()
+
+
 def test_eval_bleu_refuses_hyp_with_options_for_translating(trained_run, tmp_path, capsys):
     run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
     hyp = tmp_path / "hyp.en"
@@ -327,7 +346,7 @@ def _bad_inputs(tmp_path: Path):
         (
             "eval-bleu length mismatch",
             ["eval-bleu", "--hyp", tmp_path / "two.txt", "--ref", data / "train.en"],
-            "has 8 lines but the hypotheses have 2",
+            f"{tmp_path / 'two.txt'} has 2 lines but {data / 'train.en'} has 8",
         )
     )
     return cases

@@ -225,7 +225,7 @@ def _hostile_cases(run: Path, tmp: Path):
         (
             "hypothesis and reference lengths differ",
             ["eval-bleu", "--hyp", str(tmp / "hyp_short.txt"), "--ref", str(data / "train.en")],
-            f"has {len(PAIRS)} lines but the hypotheses have 1",
+            f"hyp_short.txt has 1 lines but {data / 'train.en'} has {len(PAIRS)}",
         ),
         ("input file missing", ["translate", "--model", str(run / "run"), "--input", str(tmp / "nope")], "nope"),
     ]
