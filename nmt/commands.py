@@ -204,7 +204,9 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         cfg = replace(cfg, decode=replace(cfg.decode, nbest=1))
         _decode_config(args, cfg, run)
         source = input_file(args.src, "--src")
-        check_line_counts(args.src, sum(1 for _ in read_lines(source)), refs, ref_names)  # before translating
+        src_name = "<stdin>" if source is None else args.src
+        if source is not None and source.is_file():  # stdin or a pipe can be read only once: checked after
+            check_line_counts(src_name, sum(1 for _ in read_lines(source)), refs, ref_names)
         inputs = [source, *map(Path, args.ref), *run.model_files(cfg)]
         sink = open_output(args.output, inputs, "--output", collect=True)
         _check_not_in_run(args.output, run, cfg)
@@ -212,7 +214,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         hyps = sink.collected
         if args.output == "-":
             StdoutLines().write(hyps)
-        hyp_name = f"translation of {args.src}"
+        hyp_name = f"translation of {src_name}"
     else:
         if not args.hyp:
             raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")

@@ -233,6 +233,31 @@ def test_eval_bleu_line_counts_that_differ_name_both_files_and_counts(trained_ru
     assert not output.exists()
 
 
+def test_eval_bleu_model_translates_a_source_from_stdin_or_a_pipe(trained_run, capsys, monkeypatch):
+    """Standard input or a pipe (`--src <(...)`) can be read only once: counting its lines first
+    crashed on stdin and left the pipe empty for the translation."""
+    import io
+    import os
+
+    run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    stdin = io.TextIOWrapper(io.BytesIO(src.read_bytes()), encoding="utf-8")
+    monkeypatch.setattr(sys, "stdin", stdin)
+    code, out, err = run_cli(["eval-bleu", "--model", run, "--src", "-", "--ref", ref, "--beam-size", "1"], capsys)
+    assert code == 0 and "Traceback" not in err, err
+    assert "BLEU 100.00" in out and f"({len(PAIRS)} sentences)" in out
+    for text, expected in ((src.read_bytes(), "BLEU 100.00"), (b"der hund sieht die katze\n", "has 1 lines but")):
+        read_end, write_end = os.pipe()
+        os.write(write_end, text)  # a few hundred bytes: the pipe holds them
+        os.close(write_end)
+        try:
+            argv = ["eval-bleu", "--model", run, "--src", f"/dev/fd/{read_end}", "--ref", ref, "--beam-size", "1"]
+            code, out, err = run_cli(argv, capsys)
+        finally:
+            os.close(read_end)
+        assert expected in out + err, err
+    assert code == 2 and f"translation of /dev/fd/{read_end} has 1 lines but {ref} has {len(PAIRS)}" in err
+
+
 def test_eval_bleu_refuses_hyp_with_options_for_translating(trained_run, tmp_path, capsys):
     run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
     hyp = tmp_path / "hyp.en"
