@@ -152,13 +152,18 @@ class Translator:
         first_line: int = 1,
     ) -> list[list[tuple[str, Hypothesis | None]]]:
         """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
-        (one empty translation, no hypothesis). A line too long for the model is translated from
-        its beginning, and ``warn`` is told its number (``lines[0]`` is line ``first_line``)."""
+        (one empty translation, no hypothesis), as does one the tokenizer encodes to no subword
+        (zero-width or control characters only, which its normalization removes). A line too long
+        for the model is translated from its beginning, and ``warn`` is told its number
+        (``lines[0]`` is line ``first_line``)."""
         if decode.nbest > decode.beam_size:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         check_beam_size(decode.beam_size, self.trg_tok.vocab_size, "beam size")
         filled = [i for i, line in enumerate(lines) if line.strip()]
-        src_ids = self.src_tok.encode([lines[i] for i in filled])
+        encoded = self.src_tok.encode([lines[i] for i in filled])
+        # A source of EOS alone tells the model nothing of the line: whatever it wrote would be invented.
+        filled = [i for i, ids in zip(filled, encoded) if ids]
+        src_ids = [ids for ids in encoded if ids]
         max_src = max_source_length(self.model.max_positions)
         cut = truncated_sources(src_ids, max_src)
         if cut:

@@ -124,6 +124,22 @@ def test_translate_nbest_and_stdin(trained_run, capsys, monkeypatch):
         assert any(abs(lp / n - score) <= 2e-5 for n in range(1, 40)), (lp, score)
 
 
+def test_a_line_the_tokenizer_encodes_to_nothing_is_blank_as_a_blank_line(trained_run, tmp_path, capsys):
+    """Zero-width and control characters only: SentencePiece's normalization removes them all, so
+    the model would see EOS alone and invent a sentence."""
+    run = trained_run / "run"
+    source = tmp_path / "in.de"
+    invisible = ["\u200b", "\x01\x02", "\ufeff\u200b"]
+    source.write_text("\n".join(["der hund sieht die katze", *invisible, "die katze sieht den hund"]) + "\n")
+    code, out, err = run_cli(["translate", "--model", run, "--input", source, "--beam-size", "1"], capsys)
+    assert code == 0, err
+    assert out.split("\n") == ["the dog sees the cat", "", "", "", "the cat sees the dog", ""]
+    code, out, err = run_cli(["translate", "--model", run, "--input", source, "--nbest", "2"], capsys)
+    assert code == 0, err
+    blank = [line for line in out.splitlines() if line.split(" ||| ")[0] in ("1", "2", "3")]
+    assert blank == [f"{i} |||  ||| F0= 0.00000 ||| 0.00000" for i in (1, 2, 3)]
+
+
 def test_translate_nbest_1_writes_plain_text(trained_run, capsys):
     """One hypothesis per line is plain text, as fairseq's --nbest 1: n-best lines only for two or more."""
     run, src = trained_run / "run", trained_run / "data" / "train.de"
