@@ -76,6 +76,20 @@ def _save_npy(path: Path, array: np.ndarray) -> None:
     atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
 
 
+def _drop_unencoded(
+    src_ids: list[list[int]], trg_ids: list[list[int]], cleaning: dict[str, int]
+) -> tuple[list[list[int]], list[list[int]], dict[str, int]]:
+    """The pairs with subwords on both sides, and ``cleaning`` counting the others as empty: a side of
+    zero-width or control characters only survives stripping, but the tokenizer's normalization
+    removes all of it, and a pair with nothing on one side teaches the model to invent the other."""
+    filled = [i for i, (s, t) in enumerate(zip(src_ids, trg_ids)) if s and t]
+    if len(filled) == len(src_ids):
+        return src_ids, trg_ids, cleaning
+    dropped = len(src_ids) - len(filled)
+    counts = {**cleaning, "empty": cleaning["empty"] + dropped, "kept": cleaning["kept"] - dropped}
+    return [src_ids[i] for i in filled], [trg_ids[i] for i in filled], counts
+
+
 def encode_shard(spec: ShardSpec, index: int, src_lines: list[str], trg_lines: list[str]) -> dict:
     """Clean, encode, length-filter and write one shard; returns its metadata (also written as JSON, last)."""
     testhooks.encoding_shard(index)
@@ -83,6 +97,7 @@ def encode_shard(spec: ShardSpec, index: int, src_lines: list[str], trg_lines: l
     src_tok = Tokenizer.load(spec.src_model, threads=spec.threads)
     trg_tok = src_tok if spec.trg_model == spec.src_model else Tokenizer.load(spec.trg_model, threads=spec.threads)
     src_ids, trg_ids = src_tok.encode(src_lines), trg_tok.encode(trg_lines)
+    src_ids, trg_ids, cleaning = _drop_unencoded(src_ids, trg_ids, cleaning)
     keep, report = filter_by_length(
         [len(s) for s in src_ids], [len(t) for t in trg_ids], spec.max_len, spec.max_len_ratio
     )

@@ -242,6 +242,20 @@ def test_empty_training_corpus_is_one_line_error(tmp_path):
         prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
 
 
+def test_a_side_the_tokenizer_encodes_to_nothing_is_dropped_and_counted_as_empty(tmp_path):
+    """Zero-width or control characters only survive str.strip(); SentencePiece's normalization then
+    removes them all, which left a pair with no subword on one side to train on."""
+    cfg = _config(tmp_path, 10)
+    invisible = [("\u200b", "the dog sleeps"), ("der hund schläft", "\x01\x02"), ("\ufeff", "\u200b")]
+    write_corpus(tmp_path / "data", "train", PAIRS + invisible)
+    lines: list[str] = []
+    corpus = prepare(cfg, RunDir(cfg.run_dir), lines.append).train
+    assert any(f"train: read {len(PAIRS) + 3} pairs, dropped 3 empty," in line for line in lines), lines
+    assert len(corpus) == len(PAIRS)
+    assert min(corpus.src_lens.tolist() + corpus.trg_lens.tolist()) > 0
+    corpus.close()
+
+
 @pytest.mark.parametrize(
     "data,key,counts",
     [
