@@ -6,6 +6,7 @@ import os
 import random
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -142,6 +143,28 @@ def test_normalization_rule(tmp_path, rule, decoded):
     # CTranslate2 export (which copies the file) load it.
     tok, _ = train_or_load_tokenizers(_cfg(normalization=rule), SRC + REWRITTEN * 20, TRG, *_joint(tmp_path))
     assert tok.decode(tok.encode(REWRITTEN)) == decoded
+
+
+SPACING = ["ka\tlo\rmi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe  zu"]  # tab, CR, Unicode spaces, ZWSP, control
+
+
+@pytest.mark.parametrize(
+    "rule,decoded",
+    [
+        ("nmt_nfkc", ["ka lo mi", "ne ru sa", "te vido", "pe zu"]),  # all spaces; control characters removed
+        ("nfkc", ["ka\tlo\rmi", "ne ru sa", "te\u200bvi\x01do", "pe zu"]),  # NFKC's spaces only
+        ("identity", ["ka\tlo\rmi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe zu"]),  # runs of spaces only
+    ],
+)
+def test_what_each_rule_does_to_white_space_and_control_characters_on_both_sides(tmp_path, rule, decoded):
+    """As the README's tokenizer.normalization says, for a joint model and for each side's own."""
+    cfg = _cfg(normalization=rule, vocab_size=60)  # the upper-case target alone holds no more
+    joint, _ = train_or_load_tokenizers(cfg, SRC + SPACING * 20, TRG + SPACING * 20, *_joint(tmp_path / "joint"))
+    src, trg = train_or_load_tokenizers(
+        replace(cfg, joint=False), SRC + SPACING * 20, TRG + SPACING * 20, tmp_path / "s.model", tmp_path / "t.model"
+    )
+    for tok in (joint, src, trg):
+        assert tok.decode(tok.encode(SPACING)) == decoded
 
 
 def test_decode_ignores_pad_bos_eos(tmp_path):
