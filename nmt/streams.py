@@ -195,9 +195,16 @@ def progress_bar(source: Path | None, tokenizer):
         return None
     from tqdm import tqdm
 
+    from nmt.translate import is_translated
+
     total = None
-    if source is not None and source.is_file():
-        total = sum(len(ids) + 1 for window in input_windows(source) for ids in tokenizer.encode(window))
+    if source is not None and source.is_file():  # the lines translated, as the translator counts them
+        total = sum(
+            len(ids) + 1
+            for window in input_windows(source)
+            for line, ids in zip(window, tokenizer.encode(window))
+            if is_translated(line, ids)
+        )
     return tqdm(total=total, unit="tok", unit_scale=True, file=sys.stderr, dynamic_ncols=True)
 
 

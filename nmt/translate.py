@@ -37,6 +37,13 @@ def max_source_length(max_positions: int | None) -> int | None:
     return None if max_positions is None else max_positions - 1
 
 
+def is_translated(line: str, ids: list[int]) -> bool:
+    """Whether a line is translated: not blank, and with a subword left after the tokenizer's
+    normalization. A source of EOS alone tells the model nothing of the line: whatever it wrote
+    would be invented."""
+    return bool(line.strip()) and bool(ids)
+
+
 def truncated_sources(src_ids: list[list[int]], max_src: int | None) -> list[int]:
     """Indices of the sources longer than ``max_src`` subwords (none when the model has no limit)."""
     return [] if max_src is None else [i for i, ids in enumerate(src_ids) if len(ids) > max_src]
@@ -98,6 +105,7 @@ class Translator:
         results: list[list[Hypothesis]] = [[] for _ in src_ids]
         max_positions = self.model.max_positions
         max_src = max_source_length(max_positions)
+        costs = [len(s) + 1 for s in src_ids]  # progress counts a cut line whole, as the bar's total does
         src_ids = [s[:max_src] for s in src_ids]  # translate_scored has said which lines it cuts
         lengths = [len(s) for s in src_ids]
         # no_grad, not inference_mode: autocast keeps its bf16 copy of each weight for the whole
@@ -134,7 +142,7 @@ class Translator:
                         h.attention = h.attention[..., : lengths[row] + 1]  # the sentence's own tokens and EOS
                     results[row] = hyps
                 if progress is not None:
-                    progress(sum(lengths[i] + 1 for i in rows))
+                    progress(sum(costs[i] for i in rows))
         return results
 
     def translate(
@@ -159,11 +167,9 @@ class Translator:
         if decode.nbest > decode.beam_size:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         check_beam_size(decode.beam_size, self.trg_tok.vocab_size, "beam size")
-        filled = [i for i, line in enumerate(lines) if line.strip()]
-        encoded = self.src_tok.encode([lines[i] for i in filled])
-        # A source of EOS alone tells the model nothing of the line: whatever it wrote would be invented.
-        filled = [i for i, ids in zip(filled, encoded) if ids]
-        src_ids = [ids for ids in encoded if ids]
+        encoded = self.src_tok.encode(lines)
+        filled = [i for i, (line, ids) in enumerate(zip(lines, encoded)) if is_translated(line, ids)]
+        src_ids = [encoded[i] for i in filled]
         max_src = max_source_length(self.model.max_positions)
         cut = truncated_sources(src_ids, max_src)
         if cut:

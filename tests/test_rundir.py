@@ -538,6 +538,38 @@ def test_progress_counts_source_tokens(trained):
     assert sum(counted) == sum(len(ids) + 1 for ids in translator.src_tok.encode(lines))
 
 
+def test_the_progress_bar_ends_at_its_total_with_blank_and_cut_lines(trained, tmp_path, monkeypatch):
+    """Blank lines (and lines the tokenizer leaves empty) are counted in the bar's total only if
+    translated, and a line cut to the model's positions is counted whole: the bar ended at 7 of 11."""
+    import tqdm
+
+    from nmt.streams import CollectedLines, translate_into
+    from nmt.translate import load_translator
+
+    ended = []
+
+    class Recorded(tqdm.tqdm):
+        def close(self):
+            ended.append((self.n, self.total))
+            super().close()
+
+    monkeypatch.setattr(tqdm, "tqdm", Recorded)
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    run = RunDir.existing(trained / "run")
+    translator = load_translator(run, "cpu", "fp32", lambda message: None)
+    source = tmp_path / "in.de"
+    source.write_text("\n".join([PAIRS[0][0], "", "  ", "\u200b", PAIRS[1][0], ""]) + "\n")
+    sink = CollectedLines()
+    translate_into(translator, source, sink, run.config().decode)
+    assert sink.collected == [PAIRS[0][1], "", "", "", PAIRS[1][1], ""]
+    assert ended and all(n == total > 0 for n, total in ended)  # tqdm may close twice
+    translator.model.max_positions = 4  # sources cut to 3 subwords, outputs to 4 positions
+    counted = []
+    lines = [s for s, _ in PAIRS]
+    translator.translate(lines, run.config().decode, progress=counted.append)
+    assert sum(counted) == sum(len(ids) + 1 for ids in translator.src_tok.encode(lines))
+
+
 def test_run_layout(tmp_path):
     cfg = yaml.safe_load(tiny_config(tmp_path).read_text())
     from nmt.config import config_from_dict
