@@ -104,11 +104,22 @@ class Tokenizer:
         return [self._sp.id_to_piece(i) for i in ids]
 
     def decode(self, ids: list[list[int]]) -> list[str]:
-        """Detokenized text; pad/bos/eos ids are dropped rather than rendered."""
+        """Detokenized text, one line per sentence; pad/bos/eos ids are dropped rather than rendered."""
         cleaned = [[i for i in row if i not in self._specials] for row in ids]
         if not cleaned:
             return []
-        return self._sp.decode(cleaned, num_threads=self._threads)
+        return [_one_line(text) for text in self._sp.decode(cleaned, num_threads=self._threads)]
+
+
+_LINE_BREAK = re.compile(r"\r\n?|\n")
+
+
+def _one_line(text: str) -> str:
+    """``text`` with its line breaks as spaces. Under ``nfkc`` and ``identity`` a LF or CR inside a
+    training sentence (a Hugging Face dataset's text; a lone CR in a file's line) becomes a piece
+    the model can write, and a translation holding one would put two output lines where the input
+    had one, misaligning every line after it."""
+    return _LINE_BREAK.sub(" ", text) if "\n" in text or "\r" in text else text
 
 
 # --------------------------------------------------------------------------- file layout
