@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import re
 import signal
 import time
 from collections import deque
@@ -135,14 +136,37 @@ def _complete_shard(directory: Path, index: int, fingerprint: str) -> dict | Non
     return meta
 
 
+# The names the shard writer gives its files, and their temporaries (``files.temporary_name``):
+# all it ever deletes, since a data directory may hold other files (another run put there, say).
+_WRITTEN = re.compile(r"index\.json|shard-(?P<index>\d{5,})\.(json|src\.npy|trg\.npy|off\.npy)")
+_TEMPORARY = re.compile(rf"\.(?:{_WRITTEN.pattern})\.tmp\d+")
+
+
+def _written_here(path: Path) -> bool:
+    """Whether ``path`` has a name the shard writer gives its files or their temporaries."""
+    return bool(_WRITTEN.fullmatch(path.name) or _TEMPORARY.fullmatch(path.name))
+
+
+def remove_shards(directory: Path) -> None:
+    """Delete the shard writer's files in ``directory``, by their names, and nothing else there."""
+    with _writing(directory):
+        for path in directory.iterdir():
+            if _written_here(path):
+                path.unlink(missing_ok=True)
+
+
 def _clear(directory: Path, keep_fingerprint: str) -> dict[int, dict]:
-    """Remove temporaries and shards of another fingerprint; returns the complete shards' metadata by index."""
+    """Remove the writer's temporaries and its shards of another fingerprint; returns the complete
+    shards' metadata by index."""
     kept: dict[int, dict] = {}
     for path in directory.iterdir():
-        if is_temporary(path):
+        if _TEMPORARY.fullmatch(path.name):
             path.unlink(missing_ok=True)
     for meta_path in sorted(directory.glob("shard-*.json")):
-        index = int(meta_path.name[len("shard-") : -len(".json")])
+        named = _WRITTEN.fullmatch(meta_path.name)
+        if named is None:
+            continue
+        index = int(named["index"])
         meta = _complete_shard(directory, index, keep_fingerprint)
         if meta is not None:
             kept[index] = meta

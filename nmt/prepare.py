@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from nmt.autotune import usable_cpus
-from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index
+from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index, remove_shards
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
     clean_pairs,
@@ -283,7 +282,7 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
             if not run.writable:  # only the run's writer may delete and rebuild them
                 raise NMTError(f"{damage}; delete {directory} and prepare again") from None
             log(f"train: {damage}; encoding the training data again")
-            shutil.rmtree(directory)
+            remove_shards(directory)  # by name: what else is there (another run, say) is not ours
         else:
             log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
             return corpus

@@ -229,6 +229,42 @@ def test_the_run_writer_encodes_damaged_shards_again(tmp_path):
         run.close()
 
 
+def _foreign_files(directory: Path) -> dict[Path, bytes]:
+    """Files the shard writer did not make, some with names like its own, and another run nested there."""
+    foreign = {
+        directory / "notes.txt": b"mine",
+        directory / "shard-notes.json": b"{}",
+        directory / ".notes.tmp1": b"a temporary of another program",
+        directory / "other-run" / "config.yaml": b"run_dir: .",
+        directory / "other-run" / "checkpoints" / "update_5.pt": b"weights",
+    }
+    for path, data in foreign.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(data)
+    return foreign
+
+
+@pytest.mark.parametrize("change", ["damaged shard", "other fingerprint"])
+def test_encoding_again_deletes_only_the_files_the_shard_writer_made(tmp_path, change):
+    cfg = _config(tmp_path, 250)
+    run = RunDir(cfg.run_dir)
+    prepare(cfg, run, lambda m: None).train.close()
+    foreign = _foreign_files(run.train_data_dir)
+    if change == "damaged shard":
+        victim = run.train_data_dir / "shard-00001.trg.npy"
+        victim.write_bytes(victim.read_bytes()[:-10])
+    else:
+        cfg = _config(tmp_path, 250, max_len=30)
+    run.lock(lambda m: None)
+    try:
+        again = prepare(cfg, run, lambda m: None).train
+        assert len(again) > 0
+        again.close()
+    finally:
+        run.close()
+    assert {path: path.read_bytes() for path in foreign} == foreign
+
+
 def test_id_dtype_is_the_smallest_that_holds_the_vocabulary():
     assert bz.id_dtype(8000) == np.uint16
     assert bz.id_dtype(65536) == np.uint16
