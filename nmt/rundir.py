@@ -442,6 +442,7 @@ class RunDir:
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
         self.check_apart_from_corpora(cfg)
+        self.check_apart_from_other_runs()
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as e:
@@ -489,6 +490,20 @@ class RunDir:
                             f"{where}: the run's own {name} would be data.{split}'s corpus "
                             f"{path}; choose a run_dir apart from the data (e.g. runs/NAME)"
                         )
+
+    def check_apart_from_other_runs(self) -> None:
+        """Refuse a run_dir that is or lies in another run's data/, checkpoints/ or tensorboard/: that
+        run writes and deletes files there as its own (a nested run's files were lost with its shards)."""
+        run_real = _real(self.path)
+        for inside in (run_real, *run_real.parents):
+            other = RunDir(inside.parent)
+            owned = {other.train_data_dir.parent, other.checkpoint_dir, other.path / TENSORBOARD_DIR}
+            if inside in owned and other._lock.path.is_file():  # every writer of a run takes its lock first
+                where = "is" if inside == run_real else "lies in"
+                raise NMTError(
+                    f"config key 'run_dir': {self.path} {where} the run {other.path}'s own {inside.name}/ "
+                    "(only that run writes there): choose a run_dir apart from it (e.g. runs/NAME)"
+                )
 
     def check_not_starting_over(self) -> None:
         """Refuse to train from update 0 a run that has written training states but holds none now

@@ -302,6 +302,24 @@ def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_w
     assert nmt("train", "--config", config).returncode == 0
 
 
+def test_a_run_dir_in_another_runs_own_directories_is_refused_before_writing(trained, tmp_path):
+    # The other run writes and deletes files in its data/ and checkpoints/: a run there was lost
+    # when the other one encoded its training data again.
+    other = copy_run(trained, tmp_path)
+    before = snapshot(other)
+    for inside, where in (("data/train/nested", "lies in"), ("checkpoints/nested", "lies in"), ("data", "is")):
+        one_line_error(
+            nmt("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={other / inside}"),
+            "config key 'run_dir'",
+            f"{where} the run {other}'s own {Path(inside).parts[0]}/",
+        )
+    assert snapshot(other) == before
+    # A data/ directory that is no run's is a place like any other.
+    elsewhere = tmp_path / "project" / "data" / "a"
+    elsewhere.parent.mkdir(parents=True)
+    assert nmt("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={elsewhere}").returncode == 0
+
+
 def test_a_runs_config_copied_as_a_template_does_not_train_into_its_own_directory(tmp_path):
     # Two copies of a resolved config (run_dir: .) in one directory would otherwise train one run
     # there, the second silently resuming the first's checkpoints with its own settings.
