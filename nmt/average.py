@@ -147,7 +147,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     from nmt.corpus import clean_pairs, read_parallel
     from nmt.translate import load_translator
 
-    cfg = run.config()
+    cfg = run.config_reading("dev")
     run.lock(log)
     try:
         translator = load_translator(run, device, None, log, which="last")

@@ -20,10 +20,12 @@ def log(message: str) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from nmt import distributed
     from nmt.config import load_config
+    from nmt.rundir import check_saved_corpora
     from nmt.training import train
 
     with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
         cfg = load_config(args.config, args.set)
+        check_saved_corpora(cfg, Path(args.config), ("train", "dev"))
         train(cfg, log, Path(args.config))
     return 0
 
@@ -33,9 +35,10 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     from nmt.config import load_config
     from nmt.prepare import prepare
-    from nmt.rundir import RunDir
+    from nmt.rundir import RunDir, check_saved_corpora
 
     cfg = load_config(args.config, args.set)
+    check_saved_corpora(cfg, Path(args.config), ("train", "dev"))
     run = RunDir(cfg.run_dir)
     cfg = run.open_for_training(cfg, Path(args.config), log)
     try:

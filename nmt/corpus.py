@@ -434,6 +434,16 @@ def anchor_corpus(spec: CorpusConfig, base: Path, src_lang: str, trg_lang: str) 
     return replace(spec, path=os.path.normpath(local.absolute())) if is_local else spec
 
 
+def local_corpus_gone(spec: CorpusConfig, src_lang: str, trg_lang: str) -> bool:
+    """Whether ``spec`` names a local corpus by absolute path where nothing is: no file or directory
+    of that name, nor either language's PREFIX.LANG. A hub dataset by name is never gone."""
+    path = spec.path
+    if not path or not os.path.isabs(path):
+        return False
+    named = [Path(path), *plain_paths(path, src_lang), *plain_paths(path, trg_lang)]
+    return not any(p.exists() for p in named)
+
+
 def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
     """The concrete format ('plain', 'tsv', 'hf') of a corpus spec with ``format: auto``."""
     if spec.format != "auto":

@@ -27,8 +27,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, CorpusConfig, DecodeConfig, config_to_dict, config_yaml, load_config
-from nmt.corpus import plain_paths
+from nmt.config import Config, CorpusConfig, DecodeConfig, config_to_dict, config_yaml, load_config, read_yaml
+from nmt.corpus import local_corpus_gone, plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE, validations_trained_on
@@ -132,6 +132,37 @@ def check_resumable(old: Config, new: Config) -> None:
             + "; ".join(diffs)
             + "); use a new run_dir"
         )
+
+
+def check_saved_corpora(cfg: Config, config_file: Path, splits: tuple[str, ...], fix: str = "") -> None:
+    """Refuse, saying how to give their new place, the corpora of ``splits`` that a run's saved
+    config.yaml (``config_file``) names by absolute path where nothing is now: the project was
+    moved, or copied to another machine. ``fix`` is the command to give it to (empty: the one run now,
+    whose ``--set`` may be added). Any other config's missing corpus is for the reader to report."""
+    if cfg.data.synthetic or not _written_by_nmt(config_file):  # a synthetic corpus is written before it is read
+        return
+    try:
+        saved = read_yaml(config_file).get("data")
+    except NMTError:
+        return
+    if not isinstance(saved, dict):
+        return
+    d = cfg.data
+    gone = []
+    for split in ("train", "dev", "test"):
+        spec: CorpusConfig | None = getattr(d, split)
+        named_there = isinstance(saved.get(split), dict) and spec is not None and saved[split].get("path") == spec.path
+        if named_there and local_corpus_gone(spec, d.src_lang, d.trg_lang):
+            gone.append(split)
+    needed = [split for split in gone if split in splits]
+    if not needed:
+        return
+    sets = " ".join(f"--set data.{s}.path=NEW_DIR/{Path(getattr(d, s).path).name}" for s in gone)
+    where = f"with '{fix} {sets}'" if fix else f"with {sets}"
+    raise NMTError(
+        f"{config_file}: config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}, which this "
+        f"run's saved config names by absolute path: if the data moved, give its new place {where}"
+    )
 
 
 def _tune_report(report: Path) -> dict | None:
@@ -269,6 +300,12 @@ class RunDir:
 
     def config(self) -> Config:
         return load_config(self.config_path)
+
+    def config_reading(self, *splits: str) -> Config:
+        """The run's config, for a command that reads its corpora ``splits`` (see ``check_saved_corpora``)."""
+        cfg = self.config()
+        check_saved_corpora(cfg, self.config_path, splits, f"nmt prepare --config {shlex.quote(str(self.config_path))}")
+        return cfg
 
     def checkpoints(self, cfg: Config):
         """The run's checkpoints; only the writer may clean up after a process that died mid-write."""

@@ -85,7 +85,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     good_penalties = penalties and all(math.isfinite(a) and 0 <= a <= MAX_LENGTH_PENALTY for a in penalties)
     if not beams or any(b < 1 for b in beams) or not good_penalties:
         raise NMTError(f"tune-decode: beam sizes must be >= 1 and length penalties in [0, {MAX_LENGTH_PENALTY:g}]")
-    cfg = run.config()
+    cfg = run.config_reading("dev")
     for beam in beams:
         check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")
     beams = beams_for_nbest(beams, cfg.decode.nbest, log)

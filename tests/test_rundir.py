@@ -339,6 +339,36 @@ def test_a_runs_config_copied_as_a_template_does_not_train_into_its_own_director
     assert nmt("train", "--config", tmp_path / "link" / "config.yaml", "--set", "train.max_updates=6").returncode == 0
 
 
+def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tmp_path):
+    # A run's config.yaml names its corpora by absolute path: after the project moves (here: OLD to
+    # NEW), resuming it, or reading its dev or test set, says which key to give the new place with.
+    gone, data = tmp_path / "old" / "data" / "train", tmp_path / "new" / "data" / "train"
+    shutil.copytree(trained / "data", data.parent)
+    run = copy_run(trained, tmp_path / "new")
+    saved = run / "config.yaml"
+    saved.write_text(saved.read_text().replace(str(trained / "data"), str(gone.parent)))
+    one_line_error(
+        nmt("train", "--config", saved),
+        f"config.yaml: config key 'data.train.path': no corpus at {gone}, which this run's saved config",
+        "if the data moved, give its new place with --set data.train.path=NEW_DIR/train",
+    )
+    one_line_error(
+        nmt("tune-decode", "--model", run, "--beam-sizes", "1"),
+        "config key 'data.dev.path'",
+        f"with 'nmt prepare --config {saved} --set data.train.path=NEW_DIR/train",
+    )
+    # A config of the user's own naming a missing corpus says so as ever.
+    mine = yaml.safe_load((trained / "tiny.yaml").read_text())
+    mine["data"].update(train=str(gone), dev=str(gone), test=str(gone))
+    (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine))
+    done = nmt("prepare", "--config", tmp_path / "mine.yaml", "--set", f"run_dir={tmp_path / 'other'}")
+    assert "no such corpus" in one_line_error(done) and "NEW_DIR" not in done.stderr
+    # The hint works: prepare reads the data from its new place and records it in the run's config.
+    new_place = [a for split in ("train", "dev", "test") for a in ("--set", f"data.{split}.path={data}")]
+    assert nmt("prepare", "--config", saved, *new_place).returncode == 0
+    assert RunDir.existing(run).config().data.dev.path == str(data)
+
+
 # ---------------------------------------------------------------------------- mismatches
 
 
