@@ -1,5 +1,7 @@
 """Transformer: masking, padding invariance, incremental decoding, autocast, tying."""
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -7,7 +9,7 @@ import torch.nn.functional as F
 from nmt.models import build_model
 from nmt.models.linear import Linear
 from nmt.models.multihead import Packing, split_heads, subsequent_mask
-from nmt.models.transformer import FeedForward, Transformer, TransformerConfig
+from nmt.models.transformer import FeedForward, Transformer, TransformerConfig, sinusoidal_positions
 
 PAD, BOS, EOS, V = 0, 1, 2, 23
 
@@ -73,6 +75,23 @@ def test_unknown_attention_kernel_is_refused():
 def test_subsequent_mask():
     m = subsequent_mask(4)
     assert m.dtype == torch.bool and m[2, 2] and m[2, 0] and not m[1, 2] and not m[0, 3]
+
+
+def test_sinusoidal_positions_are_the_papers_from_position_0():
+    """P[pos, 2i] = sin(pos / 10000^(2i/d)), P[pos, 2i+1] = cos(pos / 10000^(2i/d)) (Vaswani et al., 2017,
+    section 3.5), entry by entry, an odd d included; position t of a sentence reads row t. The other tests
+    compare the model with itself and the export writes this very table, so only this sees it shifted or swapped."""
+    for d in (6, 7):
+        table = sinusoidal_positions(5, d)
+        assert table.shape == (5, d)
+        for pos in range(5):
+            for j in range(d):
+                angle = pos / 10000 ** (2 * (j // 2) / d)
+                want = math.sin(angle) if j % 2 == 0 else math.cos(angle)
+                assert table[pos, j].item() == pytest.approx(want, abs=1e-6), (d, pos, j)
+    model = make()
+    torch.testing.assert_close(model.positions(0, 7), sinusoidal_positions(7, 32))
+    torch.testing.assert_close(model.positions(3, 4), sinusoidal_positions(7, 32)[3:])
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
