@@ -148,6 +148,29 @@ def test_source_padding_does_not_change_logits(cell, feed):
     torch.testing.assert_close(padded, ref, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_each_decoder_layer_starts_from_its_encoder_layers_final_state(cell):
+    """Bridge: decoder layer l starts from tanh(W_h[l] [h_fwd; h_bwd]) (and c likewise for an LSTM) of
+    encoder layer min(l, L_enc - 1), as nn.LSTM/GRU itself returns them (h_n, layer-major) for each
+    sentence alone. The decoding tests share init_state between both paths, so only this sees a
+    decoder layer started from another layer's state."""
+    model = make_model(rnn_cell=cell, encoder_layers=2, decoder_layers=3, rnn_bidirectional=True)
+    src, mask, _ = random_batch()
+    with torch.no_grad():
+        state = model.init_state(model.encode(src, mask))
+        for b in range(src.shape[0]):
+            n = int(mask[b].sum())
+            _, final = model.encoder(model.src_embed(src[b : b + 1, :n]))
+            h_n, c_n = final if cell == "lstm" else (final, None)  # (layers * 2, 1, H), layer-major
+            sides = [(h_n, model.bridge_h, state.hidden)]
+            if cell == "lstm":
+                sides.append((c_n, model.bridge_c, state.cell))
+            for ends, bridge, started in sides:
+                for layer, source in enumerate([0, 1, 1]):
+                    want = torch.tanh(bridge[layer](torch.cat([ends[2 * source, 0], ends[2 * source + 1, 0]])))
+                    torch.testing.assert_close(started[layer, b], want, atol=1e-5, rtol=1e-5)
+
+
 def test_tied_weights_and_parameter_count():
     tied = make_model(tie_embeddings=True, tie_output=True)
     assert tied.src_embed.weight is tied.trg_embed.weight is tied.generator.weight
