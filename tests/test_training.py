@@ -6,15 +6,17 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from conftest import tiny_config
 
 from nmt import testhooks
+from nmt.batching import make_batch
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
-from nmt.trainer import Trainer
+from nmt.trainer import Trainer, evaluate_loss
 
 
 def make_trainer(tmp_path: Path, **train) -> Trainer:
@@ -41,6 +43,90 @@ def test_accumulated_update_equals_one_large_batch(tmp_path):
     for name, param in trainer.model.named_parameters():
         assert torch.allclose(param.grad, accumulated[name], atol=1e-6, rtol=1e-4), name
     assert accumulated["trg_embed.weight"].abs().sum() > 0
+
+
+def test_an_update_s_loss_is_the_label_smoothed_cross_entropy_per_real_target_token(tmp_path):
+    """The update trains on train.label_smoothing, and its statistics are per real target token (EOS
+    counted, padding not): against PyTorch's label-smoothed cross-entropy of the model's own logits."""
+    trainer = make_trainer(tmp_path, label_smoothing=0.1)
+    tok, rows = trainer.data.trg_tok, list(range(8))
+    batch = make_batch(*trainer.data.train.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id)
+    assert bool((batch.trg_out == tok.pad_id).any())  # sentences of several lengths: padding to leave out
+    with torch.no_grad():
+        logits = trainer.model(batch.src, batch.src_mask, batch.trg_in).flatten(0, 1)
+    target, tokens = batch.trg_out.flatten(), int((batch.trg_out != tok.pad_id).sum())
+    smoothed = F.cross_entropy(logits, target, ignore_index=tok.pad_id, label_smoothing=0.1, reduction="sum")
+    plain = F.cross_entropy(logits, target, ignore_index=tok.pad_id, reduction="sum")
+    stats = trainer.train_step([rows])
+    assert stats["trg_tokens"] == tokens
+    assert stats["loss"] == pytest.approx(smoothed.item() / tokens, rel=1e-5)
+    assert stats["nll"] == pytest.approx(plain.item() / tokens, rel=1e-5)
+    trainer.close()
+
+
+def test_gradients_are_clipped_to_clip_norm_and_the_norm_before_clipping_is_reported(tmp_path):
+    """train.clip_norm scales the update's whole gradient down to that L2 norm where it is larger and
+    leaves a smaller one as it is; the statistics report the L2 norm before clipping."""
+    trainer = make_trainer(tmp_path, clip_norm=0.0)
+    start_model = copy.deepcopy(trainer.model.state_dict())
+    start_optim = copy.deepcopy(trainer.optimizer.state_dict())
+    found = {}
+    for clip in (0.0, 1e6, 0.05):  # off, far above the norm, far below it
+        trainer.model.load_state_dict(start_model)
+        trainer.optimizer.load_state_dict(start_optim)
+        trainer.progress.update = 0
+        trainer.cfg.train.clip_norm = clip
+        stats = trainer.train_step([list(range(8))])
+        found[clip] = stats["grad_norm"], [p.grad.clone() for p in trainer.model.parameters()]
+    norm, raw = found[0.0]
+    assert norm == pytest.approx(torch.linalg.vector_norm(torch.cat([g.flatten() for g in raw])).item(), rel=1e-5)
+    assert norm > 0.5  # well above the 0.05 clipped to
+    for clip, (reported, grads) in found.items():
+        assert reported == pytest.approx(norm, rel=1e-5)
+        scale = clip / norm if 0 < clip < norm else 1.0
+        for got, unclipped in zip(grads, raw):
+            torch.testing.assert_close(got, unclipped * scale, rtol=1e-4, atol=1e-9)
+    trainer.close()
+
+
+def test_updates_are_adamw_steps_with_the_configs_betas_eps_and_weight_decay(tmp_path):
+    """Two updates against AdamW worked out by hand (bias-corrected moments, weight decay decoupled and
+    on every parameter), with train.betas, adam_eps and weight_decay away from torch's defaults. Two,
+    since the first alone cannot tell the betas: its bias correction cancels them."""
+    b1, b2, eps, decay = 0.8, 0.9, 1e-3, 0.1
+    trainer = make_trainer(tmp_path, betas=[b1, b2], adam_eps=eps, weight_decay=decay, clip_norm=0.0)
+    params = list(trainer.model.parameters())
+    theta = [p.detach().clone() for p in params]
+    m = [torch.zeros_like(p) for p in params]
+    v = [torch.zeros_like(p) for p in params]
+    for step in (1, 2):
+        lr = trainer.train_step([list(range(8))])["lr"]
+        for i, p in enumerate(params):
+            g = p.grad
+            m[i] = b1 * m[i] + (1 - b1) * g
+            v[i] = b2 * v[i] + (1 - b2) * g * g
+            direction = (m[i] / (1 - b1**step)) / ((v[i] / (1 - b2**step)).sqrt() + eps)
+            theta[i] = theta[i] * (1 - lr * decay) - lr * direction
+            torch.testing.assert_close(p.detach(), theta[i], rtol=1e-5, atol=1e-7)
+    trainer.close()
+
+
+def test_dev_loss_is_the_mean_nll_per_real_target_token(tmp_path):
+    """evaluate_loss batches the dev set, with padding: it equals each sentence scored alone, summed and
+    divided by the real target tokens (EOS counted), as dev_loss and dev_ppl report it."""
+    trainer = make_trainer(tmp_path)
+    tok, dev = trainer.data.trg_tok, trainer.data.dev
+    assert len(set(dev.trg_lens.tolist())) > 1  # one batch of several lengths: padded
+    got = evaluate_loss(trainer.model, dev, tok, 512, trainer.precision, trainer.device)
+    total, tokens = 0.0, 0
+    with torch.no_grad():
+        for i in range(len(dev)):
+            batch = make_batch(*dev.pairs([i]), [i], tok.pad_id, tok.bos_id, tok.eos_id)
+            logits = trainer.model(batch.src, batch.src_mask, batch.trg_in)[0]
+            total += F.cross_entropy(logits, batch.trg_out[0], reduction="sum").item()
+            tokens += batch.trg_out.shape[1]
+    assert got == pytest.approx(total / tokens, rel=1e-5)
+    trainer.close()
 
 
 def test_non_finite_updates_are_skipped_then_stop(tmp_path):
