@@ -496,6 +496,14 @@ def test_filter_by_length_counts_and_indices():
     assert report == {"too_long": 1, "bad_ratio": 1, "kept": 4}
 
 
+def test_filter_by_length_keeps_a_side_of_exactly_max_len():
+    """A side with more than max_len subwords is too long: max_len itself is kept, on either side
+    (a pair of max_len subwords then fills max_len + 1 positions with its EOS or BOS)."""
+    keep, report = filter_by_length([10, 11, 10, 9], [10, 10, 11, 10], max_len=10, max_ratio=3.0)
+    assert keep == [0, 3]
+    assert report == {"too_long": 2, "bad_ratio": 0, "kept": 2}
+
+
 def test_describe_drops_one_line():
     report = {"read": 29000, "empty": 3, "too_long": 12, "bad_ratio": 4, "kept": 28981}
     text = describe_drops(report, max_len=128, max_ratio=3.0)
