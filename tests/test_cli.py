@@ -274,6 +274,32 @@ def test_eval_bleu_model_translates_a_source_from_stdin_or_a_pipe(trained_run, c
     assert code == 2 and f"translation of /dev/fd/{read_end} has 1 lines but {ref} has {len(PAIRS)}" in err
 
 
+def test_validation_scores_its_translations_against_the_references_as_eval_bleu_does():
+    """Validation's dev BLEU is sacreBLEU's corpus BLEU of the translations against the references,
+    cased and 13a-tokenized, the number eval-bleu gives: on these lines the direction matters (the short
+    hypotheses pay the brevity penalty), and so do case and the tokenizer."""
+    from types import SimpleNamespace
+
+    from nmt.average import dev_bleu
+    from nmt.config import DecodeConfig, TrainConfig
+    from nmt.scoring import corpus_scores
+
+    hyps = ["The cat sat on the mat.", "a dog runs in the park", "Hello world!"]
+    refs = ["the cat sat on the mat today.", "a dog is running in the big park", "hello world!"]
+
+    class Fixed:  # a translator whose translations are ``hyps``
+        def translate(self, lines, decode, progress=None):
+            return [[hyps[i]] for i in range(len(lines))]
+
+    want = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert want != pytest.approx(sacrebleu.corpus_bleu(refs, [hyps]).score)
+    assert want != pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score)
+    assert want != pytest.approx(sacrebleu.corpus_bleu(hyps, [refs], tokenize="none").score)
+    cfg = SimpleNamespace(train=TrainConfig(), decode=DecodeConfig())
+    assert dev_bleu(Fixed(), cfg, ["ein satz"] * 3, refs) == (pytest.approx(want), hyps)
+    assert corpus_scores(hyps, [refs]).bleu == pytest.approx(want)
+
+
 def test_eval_bleu_refuses_hyp_with_options_for_translating(trained_run, tmp_path, capsys):
     run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
     hyp = tmp_path / "hyp.en"
