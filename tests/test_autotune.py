@@ -167,6 +167,20 @@ def test_cache_key_follows_the_machine_and_the_request(tmp_path, counted, monkey
     assert len(entries) == 3
 
 
+def test_another_torch_or_another_cpu_flag_is_measured_again(tmp_path, counted, monkeypatch):
+    """A measurement holds for one torch build and one instruction set: after a torch upgrade, or on a
+    CPU with one flag more (not one of the few the log names), the cached choice is not served."""
+    _choose(tmp_path)
+    monkeypatch.setattr(torch, "__version__", "99.0.0")
+    _choose(tmp_path)
+    model, identity, flags = autotune.cpu_model_and_flags()
+    monkeypatch.setattr(autotune, "cpu_model_and_flags", lambda: (model, identity, [*flags, "zz_new_flag"]))
+    _choose(tmp_path)
+    assert len(counted) == 3
+    _choose(tmp_path)  # nothing changed since: cached
+    assert len(counted) == 3
+
+
 def test_nothing_auto_measures_nothing(tmp_path, counted):
     choice = _choose(tmp_path, Request("fp32", "explicit", 1, "blas"))
     assert (choice.precision, choice.attention, choice.threads, choice.source) == ("fp32", "explicit", 1, "config")
@@ -180,6 +194,7 @@ def test_nothing_auto_measures_nothing(tmp_path, counted):
         b"[1, 2, 3]",
         b'{"format": "something-else", "entries": {}}',
         b'{"format": "nmt-autotune-%d", "entries": []}' % autotune.VERSION,
+        b'{"format": "nmt-autotune-%d", "entr' % autotune.VERSION,  # cut short: text, but not JSON
     ],
 )
 def test_damaged_or_foreign_cache_is_ignored_and_rewritten(tmp_path, counted, content):
