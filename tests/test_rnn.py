@@ -124,6 +124,27 @@ def test_decode_step_matches_teacher_forcing(variant):
         assert logits.shape == (2, VOCAB) and state.memory.outputs.size(0) == 2
 
 
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_decode_steps_are_luongs_formulas_with_input_feeding(cell):
+    """Each step written out with the model's own modules: x_t = [E y_{t-1}; h̃_{t-1}] (h̃_0 = 0) through
+    nn.LSTM/GRU, c_t = attention(h_t), h̃_t = tanh(W_c [h_t; c_t]), logits = W_o P h̃_t + b. Teacher
+    forcing and decode_step share the feeding, so only this sees h̃ not fed (or fed stale)."""
+    model = make_model(rnn_cell=cell, input_feeding=True)
+    src, mask, trg_in = random_batch()
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        state = model.init_state(memory)
+        hidden = state.hidden if cell == "gru" else (state.hidden, state.cell)
+        feed = torch.zeros(src.shape[0], model.hidden_size)
+        for t in range(4):
+            logits, state = model.decode_step(trg_in[:, t], state)
+            x = torch.cat([model.trg_embed(trg_in[:, t]), feed], dim=-1)[:, None]  # (B, 1, E + H)
+            out, hidden = model.decoder(x, hidden)
+            context, _ = model.attention(out[:, 0], memory.outputs, memory.keys, mask)
+            feed = torch.tanh(model.combine(torch.cat([out[:, 0], context], dim=-1)))
+            torch.testing.assert_close(logits, model.generator(model.out_proj(feed)), atol=1e-5, rtol=1e-5)
+
+
 def test_dot_with_bidirectional_raises():
     with pytest.raises(ValueError, match="same size"):
         make_model(attention="dot", rnn_bidirectional=True)
