@@ -64,6 +64,18 @@ def test_different_epoch_or_seed_changes_order():
     assert len(token_batches(src, trg, 400, seed=5, epoch=1)) == len(base)
 
 
+def test_each_epoch_takes_its_batches_in_another_order():
+    """Two epochs' batches differ only among sentences of equal lengths, so their sizes and lengths,
+    in plan order, show the order they come in: shuffled anew per epoch, not only within ties."""
+    src, trg = _lengths(2000, seed=1)
+    shapes = [
+        [(len(b), max(trg[i] for i in b)) for b in token_batches(src, trg, 400, seed=5, epoch=epoch)]
+        for epoch in (1, 2)
+    ]
+    assert sorted(shapes[0]) == sorted(shapes[1])  # the same batches, up to ties
+    assert shapes[0] != shapes[1]
+
+
 def test_seed_none_keeps_sorted_length_order():
     src, trg = _lengths(500, seed=2)
     batches = token_batches(src, trg, 300, seed=None, epoch=0)
