@@ -274,6 +274,30 @@ def test_beam_wider_than_the_vocabulary():
         assert [s for _, s in hyps] == sorted((s for _, s in hyps), reverse=True)
 
 
+class FewPaths(Oracle):
+    """Only two outputs are possible at all: after BOS, A (0.7) or EOS (0.3); after A, EOS. Every
+    other word has log-probability -inf, as a model that rules words out gives them."""
+
+    def __init__(self):
+        super().__init__()
+        table = torch.zeros(5, 5)
+        table[BOS, A], table[BOS, EOS], table[A, EOS] = 0.7, 0.3, 1.0
+        table[EOS, EOS] = table[PAD, EOS] = table[B_, EOS] = 1.0
+        self.table = table.log()
+
+
+@pytest.mark.parametrize("K", [3, 5])
+def test_an_nbest_list_longer_than_the_possible_outputs_holds_only_those(K):
+    """Beams beyond the possible outputs are dead ends (-inf) made of never-output words: their EOS
+    continuations must not finish, so the n-best list is the two real outputs, not padded with them."""
+    src = torch.tensor([[5, 5, EOS]] * 2)
+    for hyps in beam_search(FewPaths(), src, src != PAD, torch.tensor([3, 3]), K, 1.0, BOS, EOS, nbest=K):
+        assert [(h.tokens, h.log_prob) for h in hyps] == [
+            ([A], pytest.approx(math.log(0.7))),
+            ([], pytest.approx(math.log(0.3))),
+        ]
+
+
 def test_best_continuations_of_one_beam_over_a_small_vocabulary():
     """One live beam per sentence and V < 2K: the V real candidates first, then dead (-inf) ones
     that name a real parent beam."""
