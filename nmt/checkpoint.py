@@ -160,9 +160,25 @@ class CheckpointManager:
         # Recorded where it outlives the file: a run whose update_*.pt are gone is not taken for a new one.
         index = self.read_index()
         atomic_write_bytes(self.index_path, json.dumps({**index, "last_state": update}, indent=1).encode())
-        for old in list_checkpoints(self.directory, "update")[self.keep_last :]:
-            _remove(old.path)
+        self._remove_old_states(update, written_by_validation(payload.get("progress", {})))
         return path
+
+    def _remove_old_states(self, newest: int, newest_validated: bool) -> None:
+        """``keep_last`` counts the states validations wrote, the ones a run left alone has. A state
+        written between two validations (a signal, a lost rank, a failed validation) is kept while it
+        is the newest, to resume from, and removed once a newer one is written: counted, it pushed a
+        validation's state out, which the run left alone keeps and averages (``train.average_last``)."""
+        validated = int(newest_validated)
+        for old in list_checkpoints(self.directory, "update"):  # newest first
+            if old.update == newest:
+                continue
+            if not written_by_validation(_state_progress(old.path)):
+                if old.update < newest:
+                    _remove(old.path)
+                continue
+            validated += 1
+            if validated > self.keep_last:
+                _remove(old.path)
 
     def save_best(self, payload: dict, update: int, score: float, loss: float | None = None) -> bool:
         """Save if ``score`` (dev BLEU) and ``loss`` (dev loss) rank among the best N (``best_rank``);
@@ -248,6 +264,24 @@ class CheckpointManager:
                 "readable; restore one, or train into a new run_dir to start over"
             )
         return None
+
+
+def written_by_validation(progress: dict) -> bool:
+    """Whether a training state's ``progress`` was saved by the validation of its update, not by an
+    interruption between two validations. One that does not say (an earlier version's) counts as one."""
+    update = progress.get("update")
+    return progress.get("last_validated", update) == update
+
+
+def _state_progress(path: Path) -> dict:
+    """The ``progress`` a training state holds, its tensors memory-mapped, not read; {} where the
+    file cannot be read (it then counts as a validation's, as every state did before)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - torch raises many types for bad files
+        return {}
+    progress = state.get("progress") if isinstance(state, dict) else None
+    return progress if isinstance(progress, dict) else {}
 
 
 def last_state_recorded(directory: Path) -> int | None:

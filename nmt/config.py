@@ -60,7 +60,7 @@ class TrainConfig:
     validate_max_sentences: int | None = None  # score dev BLEU on a prefix of the dev set
     # validations without a new best before stopping; best: higher dev BLEU, or equal with a lower dev loss
     patience: int | None = None
-    keep_last: int = 2  # training-state checkpoints kept (one per validation)
+    keep_last: int = 2  # training-state checkpoints kept (one per validation; one a signal wrote comes on top)
     keep_best: int = 1  # best checkpoints kept, ranked as patience ranks validations
     average_last: int | None = None  # at the end, average the last N checkpoints; kept where dev says it helps
     log_every: int = 50

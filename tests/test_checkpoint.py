@@ -89,6 +89,26 @@ def test_manager_keeps_last_k_and_best_n(tmp_path):
     assert m.best_path().name == "best_00000002.pt"
 
 
+def training_state(update: int, validated: bool = True) -> dict:
+    """A training state as a validation writes it, or (``validated`` False) as a signal between two does."""
+    progress = {"update": update, "last_validated": update if validated else update - 1}
+    return {"model": {"w": torch.full((3, 3), float(update))}, "progress": progress}
+
+
+def test_a_state_written_between_validations_is_kept_only_while_it_is_the_newest(tmp_path):
+    # keep_last counts what validations wrote, as in a run that was never stopped.
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    for update in (5, 10):
+        m.save_state(training_state(update), update)
+    m.save_state(training_state(12, validated=False), 12)  # SIGTERM at update 12
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "update")] == [12, 10, 5]
+    m.save_state(training_state(13, validated=False), 13)  # resumed, and stopped again
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "update")] == [13, 10, 5]
+    m.save_state(training_state(15), 15)
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "update")] == [15, 10]
+    assert sorted(p.name for p in tmp_path.glob("*.sha256")) == [f"update_000000{u}.pt.sha256" for u in (10, 15)]
+
+
 def test_best_checkpoints_rank_equal_bleu_by_the_lower_dev_loss(tmp_path):
     m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
     assert m.save_best(payload(1.0), 1, score=10.0)  # an earlier version's entry: no loss recorded

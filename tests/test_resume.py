@@ -1,15 +1,18 @@
 """A run stopped and resumed ends with exactly the parameters of the same run left alone."""
 
 import json
+import os
 import re
+import signal
 from pathlib import Path
 
 import pytest
 import torch
 from conftest import tiny_config
 
-from nmt import checkpoint
+from nmt import checkpoint, testhooks
 from nmt.cli import main
+from nmt.device import cpu_has_bf16
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
 from nmt.trainer import resumed_position
@@ -40,6 +43,94 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, library):
     assert update_a == update_b == 40
     for name, tensor in weights_a.items():
         assert torch.equal(tensor, weights_b[name]), name
+
+
+def sigterm_during(monkeypatch, update: int, batch: int) -> None:
+    """This process SIGTERMs itself as update ``update`` has computed the loss of its ``batch``-th
+    batch (from 1), as ``kill`` would between two batches: the update is made, then the run saved."""
+    import nmt.trainer
+
+    at_update, compute = testhooks.at_update, nmt.trainer.teacher_forced_loss
+    making = {"update": 0, "batches": 0}
+
+    def starting(rank, number, when):
+        if when == "start":
+            making.update(update=number, batches=0)
+        at_update(rank, number, when)
+
+    def loss(*args, **kwargs):
+        result = compute(*args, **kwargs)
+        making["batches"] += 1
+        if (making["update"], making["batches"]) == (update, batch):
+            os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    monkeypatch.setattr(testhooks, "at_update", starting)
+    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss)
+
+
+def run_outcome(run_dir: Path) -> tuple[dict, list[dict], dict]:
+    """What a run leaves: every checkpoint (its wall time left out), metrics.jsonl's records without
+    their wall-clock fields, and index.json."""
+    files = {}
+    for path in sorted((run_dir / "checkpoints").glob("*.pt")):
+        payload = checkpoint.load(path)
+        payload.get("progress", {}).pop("elapsed_seconds", None)
+        files[path.name] = payload
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    records = [{k: v for k, v in r.items() if k not in ("elapsed", "seconds")} for r in records]
+    return files, records, json.loads((run_dir / "checkpoints" / "index.json").read_text())
+
+
+def assert_same(a, b, where: str = "") -> None:
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}/{key}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, where
+
+
+needs_bf16 = pytest.mark.skipif(not cpu_has_bf16(), reason="this CPU has no bf16 kernels")
+
+
+@pytest.mark.parametrize(
+    "model_type, train, stop",
+    [
+        # Between two validations: that state is not one of keep_last's, nor averaged at the end.
+        pytest.param("transformer", {"keep_last": 2, "average_last": 2}, (16, 1), id="transformer"),
+        # After the second batch of an update of three; the LSTM, in bf16.
+        pytest.param(
+            "rnn", {"accumulate": 3, "max_tokens": 64, "precision": "bf16"}, (8, 2), id="lstm-bf16", marks=needs_bf16
+        ),
+    ],
+)
+def test_a_run_stopped_by_a_signal_ends_with_the_checkpoints_and_metrics_of_the_run_left_alone(
+    tmp_path, monkeypatch, capsys, model_type, train, stop
+):
+    settings = {"max_updates": 20, "validate_every": 5, "max_tokens": 128, "threads": 1, "fp32_matmul": "blas"}
+    settings.update(attention="sdpa", **train)
+    dropout = ["--set", "model.dropout=0.1"]
+    straight = tiny_config(tmp_path / "a", model_type, **settings)
+    assert main(["train", "--config", str(straight), *dropout]) == 0
+    stopped = tiny_config(tmp_path / "b", model_type, **settings)
+    sigterm_during(monkeypatch, *stop)
+    assert main(["train", "--config", str(stopped), *dropout]) == 143
+    assert f"checkpoint written at update {stop[0]}" in capsys.readouterr().err
+    monkeypatch.undo()
+    assert main(["train", "--config", str(stopped), *dropout]) == 0
+    files_a, records_a, index_a = run_outcome(tmp_path / "a" / "run")
+    files_b, records_b, index_b = run_outcome(tmp_path / "b" / "run")
+    assert sorted(files_b) == sorted(files_a)
+    assert_same(files_b, files_a)
+    assert records_b == records_a
+    assert index_b == index_a
 
 
 def test_changed_model_is_refused_on_resume(tmp_path, capsys):
