@@ -505,6 +505,9 @@ class Trainer:
             f"validation at update {p.update}: dev loss {dev_loss:.3f}, ppl {record['dev_ppl']:.2f}, "
             f"BLEU {bleu:.2f} (best {p.best_bleu:.2f} at update {p.best_update}){' *' if is_best else ''}"
         )
+        # The states saved here hold the validation's time, as the loop's clock will once it returns:
+        # a run resumed from them counts it in train.max_minutes, as the run left alone does.
+        p.elapsed_seconds += time.perf_counter() - start
         if is_best:
             payload = {"model": self.model.state_dict(), "progress": asdict(p), **self._fingerprint()}
             self.checkpoints.save_best(payload, p.update, bleu, dev_loss)

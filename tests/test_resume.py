@@ -386,6 +386,33 @@ def test_a_first_start_that_failed_before_its_first_checkpoint_starts_again(tmp_
     assert final_weights(run)[0] == 6
 
 
+def test_a_run_resumed_from_a_validation_counts_its_time(tmp_path, monkeypatch):
+    # train.max_minutes counts validations: the state a validation saves holds its time, or a run
+    # killed after it and resumed would train that much longer than the run left alone.
+    import time
+
+    import nmt.trainer
+
+    step = nmt.trainer.Trainer.train_step
+
+    def killed_at_update_4(self, group):
+        if self.progress.update == 3:
+            raise RuntimeError("killed")
+        return step(self, group)
+
+    config = tiny_config(tmp_path, max_updates=5, validate_every=3, warmup_updates=1)
+    monkeypatch.setattr(testhooks, "validation_step", lambda: time.sleep(0.1))  # slower than an update
+    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", killed_at_update_4)
+    with pytest.raises(RuntimeError, match="killed"):
+        main(["train", "--config", str(config)])
+    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", step)
+    assert main(["train", "--config", str(config)]) == 0
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    [valid] = [r for r in records if r["type"] == "valid" and r["update"] == 3]
+    [resumed] = [r for r in records if r["type"] == "train" and r["update"] == 4]
+    assert resumed["elapsed"] >= round(valid["elapsed"] + valid["seconds"], 3)
+
+
 def test_extending_a_run_decayed_over_its_time_budget_warns_of_the_rate_it_goes_back_to(tmp_path, capsys):
     # README's workflow: a linear decay over train.max_minutes, resumed with a larger budget. The
     # first run stops at its budget (at lr_min); twice that budget puts the next update halfway up.
