@@ -211,6 +211,18 @@ def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     return _plan(order, _greedy_cuts(sizes[order], max_tokens)).tolist()
 
 
+def batch_shapes(plan: BatchPlan, src_lens: Sequence[int], trg_lens: Sequence[int]) -> int:
+    """How many distinct padded shapes (sentences, longest source, longest target) a plan's batches
+    have: every one is a new set of matrix shapes for the kernels compiled per shape (oneDNN's)."""
+    if len(plan) == 0:
+        return 0
+    starts = np.sort(plan.bounds[:, 0])  # the plan's index array is batch after batch
+    rows = np.diff(np.append(starts, plan.order.size))
+    src = np.maximum.reduceat(np.asarray(src_lens, dtype=np.int64)[plan.order], starts)
+    trg = np.maximum.reduceat(np.asarray(trg_lens, dtype=np.int64)[plan.order], starts)
+    return len(np.unique(np.stack([rows, src, trg], axis=1), axis=0))
+
+
 def padding_fraction(batches: Sequence[Sequence[int]], trg_lens: Sequence[int]) -> float:
     """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding:
     the target side is what the loss and the output projection pay for."""

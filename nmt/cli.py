@@ -297,9 +297,6 @@ def main(argv: list[str] | None = None) -> int:
     limit_spinning()  # before anything imports torch, which loads the OpenMP runtime
     parser = build_parser()
     args = parser.parse_args(argv)
-    from nmt.device import enlarge_onednn_cache
-
-    enlarge_onednn_cache()  # before torch builds its first oneDNN kernel
     code = _run(args)
     if args.command == "train":
         from nmt import distributed

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
 import signal
 import time
@@ -22,9 +23,17 @@ import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
 from nmt.average import average_last, dev_bleu, dev_scorer
-from nmt.batching import BatchPlan, derived_seed, make_batch, token_batches
+from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, token_batches
 from nmt.config import Config
-from nmt.device import Precision, adamw, bf16_available, check_precision, prepare_cpu_process, select_device
+from nmt.device import (
+    Precision,
+    adamw,
+    bf16_available,
+    check_precision,
+    keep_freed_memory,
+    select_device,
+    size_onednn_cache,
+)
 from nmt.errors import NMTError, SharedError
 from nmt.files import atomic_write_bytes
 from nmt.loss import teacher_forced_loss
@@ -186,7 +195,7 @@ class Trainer:
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))
         autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
         if self.device.type == "cpu":
-            prepare_cpu_process()
+            keep_freed_memory()
         if world.enabled and self.device.type == "cuda":
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
@@ -203,6 +212,8 @@ class Trainer:
         )
         cfg = self.cfg
         tok = self.data.trg_tok
+        if self.device.type == "cpu":  # after the data, before the first product (auto's measurement)
+            self._size_kernel_cache()
         self.choice = self._choose_kernels(tok.vocab_size)
         self.precision = Precision(self.device.type, self.choice.precision)
         torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
@@ -261,6 +272,15 @@ class Trainer:
             self._resume()
         if self.world.is_main:  # the run's config.yaml changes only once the run has started with it
             self.run.write_config(self.cfg)
+
+    def _size_kernel_cache(self) -> None:
+        """oneDNN's kernel cache: room for every batch shape of an epoch where that is affordable
+        (``nmt.device.onednn_cache_capacity``), unless ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise."""
+        data = self.data.train
+        shapes = batch_shapes(self.epoch_plan(), data.src_lens, data.trg_lens)
+        chosen_by = "ONEDNN_PRIMITIVE_CACHE_CAPACITY; " if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ else ""
+        capacity = size_onednn_cache(shapes, self.world.local_world_size)
+        self.log(f"oneDNN kernel cache: {capacity} kernels ({chosen_by}batch shapes in an epoch: {shapes})")
 
     def _choose_kernels(self, vocab_size: int) -> autotune.Choice:
         """Precision, attention kernel and threads: the config's, or measured where it says auto.

@@ -7,7 +7,7 @@ import random
 import pytest
 import torch
 
-from nmt.batching import make_batch, padding_fraction, sentence_batches, token_batches
+from nmt.batching import batch_shapes, make_batch, padding_fraction, sentence_batches, token_batches
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -96,6 +96,15 @@ def test_padding_fraction_exact():
     # Batch [0, 1]: target slots 2 * (3+1) = 8, real (1+1) + (3+1) = 6 -> 2 padding; batch [2]: none.
     assert padding_fraction([[0, 1], [2]], [1, 3, 5]) == pytest.approx(2 / 14)
     assert padding_fraction([], []) == 0.0
+
+
+def test_batch_shapes_counts_distinct_sentence_counts_and_longest_sides():
+    src, trg = _lengths(3000)
+    plan = token_batches(src, trg, 512, seed=7, epoch=1)
+    shapes = {(len(b), max(src[i] for i in b), max(trg[i] for i in b)) for b in plan.tolist()}
+    assert 1 < len(shapes) < len(plan)  # some batches share a shape
+    assert batch_shapes(plan, src, trg) == len(shapes)
+    assert batch_shapes(token_batches([], [], 512, 7, 1), [], []) == 0
 
 
 def test_empty_corpus_gives_no_batches():

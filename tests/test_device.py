@@ -1,6 +1,8 @@
 """Device and precision rules, including the CUDA branches, decided on any machine."""
 
 import os
+import subprocess
+import sys
 import warnings
 
 import pytest
@@ -79,14 +81,93 @@ def test_autocast_and_scaler():
     assert scaler.get_scale() < 65536.0
 
 
-def test_onednn_cache_enlarged_unless_the_user_chose(monkeypatch):
-    from nmt.device import ONEDNN_CACHE_CAPACITY, enlarge_onednn_cache
+GIB = 2**30
 
+
+def test_onednn_cache_holds_an_epoch_that_fits_and_stays_bounded_for_one_that_does_not():
+    from nmt.device import onednn_cache_capacity
+
+    # 50 kernels per batch shape, and a quarter more for validation, in multiples of 1,024.
+    assert onednn_cache_capacity(46, 64 * GIB) == 3072  # the demo: 46 batch shapes
+    assert onednn_cache_capacity(191, 64 * GIB) == 12288  # Multi30k at 2,048 tokens
+    # 200,000 pairs (789 shapes) or 2M (2,450) need more than 16,384: a cache of 2,048 (0.6 GiB)
+    # instead of one that grew to 4.6 GiB and more.
+    assert onednn_cache_capacity(789, 64 * GIB) == onednn_cache_capacity(2450, 64 * GIB) == 2048
+    assert onednn_cache_capacity(None, 64 * GIB) == 2048  # decoding
+    assert onednn_cache_capacity(191, None) == 12288  # memory unknown
+
+
+def test_onednn_cache_takes_at_most_a_quarter_of_the_memory_and_never_less_than_onednns_default():
+    from nmt.device import onednn_cache_capacity
+
+    assert onednn_cache_capacity(191, 8 * GIB) == 6144  # 2 GiB of 0.3 MB kernels: 6,990
+    assert onednn_cache_capacity(191, 8 * GIB, processes=2) == 3072  # two ranks on the machine
+    assert onednn_cache_capacity(191, GIB) == onednn_cache_capacity(1, 64 * GIB) == 1024
+
+
+def test_onednn_cache_size_is_the_users_where_set(monkeypatch):
+    from nmt import device
+
+    monkeypatch.setattr(device, "memory_bytes", lambda: 64 * GIB)
     monkeypatch.delenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", raising=False)
-    assert enlarge_onednn_cache() == str(ONEDNN_CACHE_CAPACITY)
-    assert os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"] == str(ONEDNN_CACHE_CAPACITY)
+    assert device.size_onednn_cache(789) == "2048" == os.environ["ONEDNN_PRIMITIVE_CACHE_CAPACITY"]
     monkeypatch.setenv("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "100")
-    assert enlarge_onednn_cache() == "100"
+    assert device.size_onednn_cache(46) == "100"
+
+
+PROBE = """
+import sys
+
+import torch
+
+import nmt.device
+from nmt.config import load_config
+from nmt.models.linear import onednn_affine
+from nmt.rundir import RunDir
+from nmt.trainer import Trainer
+
+nmt.device.onednn_cache_capacity = lambda *args, **kwargs: 2
+cfg = load_config(sys.argv[1])
+trainer = Trainer(cfg, RunDir(cfg.run_dir), print)
+trainer.setup()  # auto measures: oneDNN compiles its first kernels there
+weight = torch.randn(8, 8)
+for rows in (1, 2, 3, 1):  # with room for 2 kernels, the third evicts the first
+    onednn_affine(torch.randn(rows, 8), weight)
+trainer.close()
+"""
+
+
+def test_the_trainer_sizes_the_kernel_cache_before_oneDNN_reads_it(tmp_path):
+    """oneDNN reads its capacity once, when it compiles its first kernel: in the trainer, that is
+    while auto measures, so the size must be set before (a size set later is silently ignored)."""
+    from conftest import tiny_config
+
+    from nmt.models.linear import onednn_available
+
+    if not onednn_available():
+        pytest.skip("this torch build has no oneDNN products")
+    config = tiny_config(tmp_path, precision="auto")
+    (tmp_path / "probe.py").write_text(PROBE)
+    env = {k: v for k, v in os.environ.items() if k != "ONEDNN_PRIMITIVE_CACHE_CAPACITY"}
+    env.update(ONEDNN_VERBOSE="profile_create", NMT_CACHE_DIR=str(tmp_path / "cache"))  # a fresh cache: auto measures
+    result = subprocess.run(
+        [sys.executable, str(tmp_path / "probe.py"), str(config)], env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    assert "oneDNN kernel cache: 2 kernels (batch shapes in an epoch: 1)" in result.stdout
+    if "onednn_verbose" not in result.stdout:
+        pytest.skip("this oneDNN build does not report its kernels (ONEDNN_VERBOSE)")
+    probes = [line for line in result.stdout.splitlines() if ",create:cache_" in line and ",mb1ic8oc8," in line]
+    assert [line.split(",create:cache_")[1].split(",")[0] for line in probes] == ["miss", "miss"]
+
+
+def test_memory_bytes_is_at_most_the_machines():
+    from nmt.device import memory_bytes
+
+    memory = memory_bytes()
+    if memory is None:
+        pytest.skip("no sysconf here")
+    assert 0 < memory <= os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 def test_adamw_is_fused_here_and_steps_like_the_default():
