@@ -30,8 +30,8 @@ def keep_freed_memory() -> bool:
     logits, their gradient and the large activations fault their pages in again: 70,000 minor page
     faults per update on the Multi30k config, measured 6-11% of an fp32 update and 5-24% of a bf16
     one on a 2-core Xeon. With an mmap threshold of 1 GB and no trimming, freed memory is reused
-    (under 700 faults per update). Resident memory then stays at its peak, which a trainer reaches
-    in its first updates anyway. Returns whether the setting took.
+    (under 700 faults per update). Freed memory then stays resident until ``release_freed_memory``
+    gives it back (the training loop does, every 100 updates). Returns whether the setting took.
     """
     if not sys.platform.startswith("linux"):
         return False
@@ -39,6 +39,24 @@ def keep_freed_memory() -> bool:
         libc = ctypes.CDLL("libc.so.6")
         m_trim_threshold, m_mmap_threshold = -1, -3  # from glibc's malloc.h
         return libc.mallopt(m_mmap_threshold, 1 << 30) == 1 and libc.mallopt(m_trim_threshold, 2**31 - 1) == 1
+    except (OSError, AttributeError):  # not glibc (musl, ...)
+        return False
+
+
+def release_freed_memory() -> bool:
+    """Give the free pages inside glibc's heap back to the system (``malloc_trim``; Linux with
+    glibc, elsewhere a no-op). Returns whether any were.
+
+    Batches of other shapes free blocks of other sizes, and the heap keeps holes the next ones do not
+    fit; with ``keep_freed_memory`` glibc never returns them. On the 2-core AMD EPYC a 0.47M-parameter
+    model's heap held 670 MiB free beside 400 MiB in use after 1,500 updates of varied batch shapes
+    (oneDNN caching no kernels), and preparing 200,000 pairs in the training process left 950 MiB.
+    A release takes about 8 ms, and the next update faults its pages in once.
+    """
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim(0) == 1
     except (OSError, AttributeError):  # not glibc (musl, ...)
         return False
 

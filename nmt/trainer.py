@@ -31,6 +31,7 @@ from nmt.device import (
     bf16_available,
     check_precision,
     keep_freed_memory,
+    release_freed_memory,
     select_device,
     size_onednn_cache,
 )
@@ -461,6 +462,12 @@ class Trainer:
     def write_metrics(self, record: dict) -> None:
         for sink in self.metrics:
             sink.write(record)
+
+    def release_freed_memory(self) -> None:
+        """On a CPU, the heap's free pages back to the system: the loop calls this every
+        ``RELEASE_EVERY`` updates and after validation (``nmt.device.release_freed_memory``)."""
+        if self.device.type == "cpu":
+            release_freed_memory()
 
     # -- validation and checkpoints ---------------------------------------------------------
 

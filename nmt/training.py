@@ -23,6 +23,8 @@ from nmt.rundir import RunDir
 from nmt.signals import SignalGuard
 from nmt.trainer import Progress, Trainer
 
+RELEASE_EVERY = 100  # updates between two returns of the heap's free pages (Trainer.release_freed_memory)
+
 
 def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = None) -> Progress:
     """Train (or resume) the run ``cfg`` describes; ``config_file`` is the file it was read from."""
@@ -154,6 +156,7 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
     per_update = t.accumulate * trainer.world.world_size
     clock_base, clock_start = p.elapsed_seconds, time.perf_counter()
     report = Report(trainer)
+    trainer.release_freed_memory()  # what preparing the data freed
     try:
         if validation_due(t, p):
             validate(trainer, signals)
@@ -189,6 +192,8 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
                     validate(trainer, signals)
                     p.elapsed_seconds = agreed_clock(trainer, clock_base + time.perf_counter() - clock_start)
                     report.restart_window()
+                if p.update % RELEASE_EVERY == 0 or p.update % t.validate_every == 0:
+                    trainer.release_freed_memory()
             if stop is not None:
                 trainer.save()
                 raise trainer.interrupted(stop)

@@ -161,6 +161,38 @@ def test_the_trainer_sizes_the_kernel_cache_before_oneDNN_reads_it(tmp_path):
     assert [line.split(",create:cache_")[1].split(",")[0] for line in probes] == ["miss", "miss"]
 
 
+HEAP_HOLES = """
+import torch
+
+from nmt.device import keep_freed_memory, release_freed_memory
+
+
+def rss_mib():
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) // 1024 for line in f if line.startswith("VmRSS"))
+
+
+keep_freed_memory()
+blocks, pins = [], []
+for _ in range(200):  # 1 MiB blocks, each followed by a small one that stays: the heap cannot shrink
+    blocks.append(torch.ones(2**18))
+    pins.append(torch.ones(16))
+del blocks
+freed = rss_mib()
+release_freed_memory()
+print(freed, rss_mib())
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
+def test_freed_memory_kept_for_reuse_is_given_back_on_release(tmp_path):
+    (tmp_path / "holes.py").write_text(HEAP_HOLES)
+    done = subprocess.run([sys.executable, str(tmp_path / "holes.py")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    freed, released = map(int, done.stdout.split())
+    assert released < freed - 150  # of the 200 MiB freed and kept, most is the system's again
+
+
 def test_memory_bytes_is_at_most_the_machines():
     from nmt.device import memory_bytes
 

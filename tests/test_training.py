@@ -265,6 +265,19 @@ def test_records_number_an_epoch_s_last_update_with_that_epoch(tmp_path):
     assert final["epoch"] == 2 and final["update"] == train[-1]["update"]
 
 
+def test_the_loop_gives_freed_memory_back_at_start_every_release_interval_and_after_validation(tmp_path, monkeypatch):
+    # glibc keeps the holes that batches of other shapes leave in the heap (nmt.device); the loop
+    # returns them regularly, and after validation, whose decoding frees blocks of its own sizes.
+    from nmt import training
+
+    released = []
+    monkeypatch.setattr(training, "RELEASE_EVERY", 50)
+    monkeypatch.setattr(Trainer, "release_freed_memory", lambda self: released.append(self.progress.update))
+    config = tiny_config(tmp_path, max_updates=120, validate_every=60, threads=1)
+    training.train(load_config(config), lambda message: None)
+    assert released == [0, 50, 60, 100, 120]
+
+
 def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(tmp_path, monkeypatch):
     # Early in training BLEU ties at 0 while the dev loss falls: that is progress, not a bad validation.
     import nmt.trainer
