@@ -383,6 +383,10 @@ class RunDir:
         files = [self.config_path, *set(self.tokenizer_paths(cfg))]
         return files + sorted(self.checkpoint_dir.glob("*.pt"))
 
+    def own_directories(self) -> set[Path]:
+        """The directories only the run's writers write in, and delete from: data/, checkpoints/, tensorboard/."""
+        return {self.train_data_dir.parent, self.checkpoint_dir, self.path / TENSORBOARD_DIR}
+
     def owned_paths(self, cfg: Config) -> list[Path]:
         """The files and directories (with all they hold) that the run's writers make and keep."""
         tokenizers = sorted(set(self.tokenizer_paths(cfg)))
@@ -504,7 +508,7 @@ class RunDir:
         directory: the run would write into data other runs may share, before it fails on it."""
         run_real = _real(self.path)
         # By real path (a symlinked run or data directory), named as in the layout.
-        directories = {self.train_data_dir.parent, self.checkpoint_dir, self.path / TENSORBOARD_DIR}
+        directories = self.own_directories()
         owned = {
             _real(p): f"{p.relative_to(self.path)}{'/' if p in directories else ''}" for p in self.owned_paths(cfg)
         }
@@ -534,8 +538,8 @@ class RunDir:
         run_real = _real(self.path)
         for inside in (run_real, *run_real.parents):
             other = RunDir(inside.parent)
-            owned = {other.train_data_dir.parent, other.checkpoint_dir, other.path / TENSORBOARD_DIR}
-            if inside in owned and other._lock.path.is_file():  # every writer of a run takes its lock first
+            # Every writer of a run takes its lock first, and the lock file stays.
+            if inside in other.own_directories() and other._lock.path.is_file():
                 where = "is" if inside == run_real else "lies in"
                 raise NMTError(
                     f"config key 'run_dir': {self.path} {where} the run {other.path}'s own {inside.name}/ "
