@@ -15,9 +15,22 @@ from nmt.cli import main
 from nmt.device import cpu_has_bf16
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
-from nmt.trainer import resumed_position
+from nmt.trainer import Trainer, resumed_position
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
+
+
+def fail_train_step_at(monkeypatch, update: int, message: str):
+    """Make the update after ``update`` raise RuntimeError(message); returns the real train_step, to put back."""
+    step = Trainer.train_step
+
+    def failing(self, group):
+        if self.progress.update == update:
+            raise RuntimeError(message)
+        return step(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", failing)
+    return step
 
 
 def final_weights(run_dir):
@@ -364,22 +377,13 @@ def test_a_first_start_that_died_writing_its_first_training_state_starts_again(t
 
 def test_a_first_start_that_failed_before_its_first_checkpoint_starts_again(tmp_path, monkeypatch, capsys):
     # It trained a few updates (train records in metrics.jsonl), then failed: nothing to resume from.
-    import nmt.trainer
-
-    step = nmt.trainer.Trainer.train_step
-
-    def failing(self, group):
-        if self.progress.update == 3:
-            raise RuntimeError("a failure before the first validation")
-        return step(self, group)
-
     config = tiny_config(tmp_path, max_updates=6, validate_every=5, warmup_updates=1)
-    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", failing)
+    step = fail_train_step_at(monkeypatch, 3, "a failure before the first validation")
     with pytest.raises(RuntimeError, match="before the first validation"):
         main(["train", "--config", str(config)])
     run = tmp_path / "run"
     assert (run / "metrics.jsonl").read_text().count('"train"') == 3 and not list(run.glob("checkpoints/*"))
-    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", step)
+    monkeypatch.setattr(Trainer, "train_step", step)
     capsys.readouterr()
     assert main(["train", "--config", str(config)]) == 0
     assert "resuming" not in capsys.readouterr().err
@@ -391,21 +395,12 @@ def test_a_run_resumed_from_a_validation_counts_its_time(tmp_path, monkeypatch):
     # killed after it and resumed would train that much longer than the run left alone.
     import time
 
-    import nmt.trainer
-
-    step = nmt.trainer.Trainer.train_step
-
-    def killed_at_update_4(self, group):
-        if self.progress.update == 3:
-            raise RuntimeError("killed")
-        return step(self, group)
-
     config = tiny_config(tmp_path, max_updates=5, validate_every=3, warmup_updates=1)
     monkeypatch.setattr(testhooks, "validation_step", lambda: time.sleep(0.1))  # slower than an update
-    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", killed_at_update_4)
+    step = fail_train_step_at(monkeypatch, 3, "killed")  # update 4 fails, after update 3's validation
     with pytest.raises(RuntimeError, match="killed"):
         main(["train", "--config", str(config)])
-    monkeypatch.setattr(nmt.trainer.Trainer, "train_step", step)
+    monkeypatch.setattr(Trainer, "train_step", step)
     assert main(["train", "--config", str(config)]) == 0
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     [valid] = [r for r in records if r["type"] == "valid" and r["update"] == 3]
