@@ -11,6 +11,9 @@
    the same run (target: at least 35%).
 
 Exit status 1 if a check fails, the utilisation target included (in ``--quick`` it is only reported).
+A check that raises is a FAIL row (its traceback printed as it happens) and the others still run, so
+one scarce GPU session always ends in the summary screen; so does one without Multi30k, where only the
+bench is not run.
 ``--quick`` runs the same logic on a CPU with small sizes (fp16 skipped), so CI keeps the script working.
 """
 
@@ -24,6 +27,8 @@ import shutil
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -45,6 +50,7 @@ from nmt.translate import load_translator  # noqa: E402
 AGREE_UPDATES = 10
 AGREE_TOLERANCE = 0.02  # |loss_bf16 - loss_fp32| / loss_fp32 over the first updates
 MFU_TARGET = 0.35
+TESTS_TIMEOUT_S = 300  # the CUDA-marked tests took under a minute on an H100; a hang must not eat the session
 
 
 @dataclass
@@ -64,6 +70,23 @@ class Report:
 
 def quiet(message: str) -> None:
     pass
+
+
+def error_line(e: BaseException) -> str:
+    """``Type: first line of the message``, for a row of the summary."""
+    first = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {first}"
+
+
+def guarded(report: Report, check: str, run_check: Callable[[], object]) -> object | None:
+    """``run_check()``'s result; where it raises, None and a FAIL row for ``check`` (the traceback
+    printed now), so that the checks after it still run and the summary is still printed."""
+    try:
+        return run_check()
+    except Exception as e:
+        traceback.print_exc(file=sys.stdout)
+        report.add(check, False, error_line(e))
+        return None
 
 
 def demo_config(out: Path, name: str, sets: list[str]):
@@ -99,12 +122,13 @@ def check_tests(report: Report, quick: bool) -> None:
     if quick:
         report.add("CUDA-marked tests", None, "skipped in --quick")
         return
-    done = subprocess.run(
-        [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
+    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S)
+    except subprocess.TimeoutExpired as e:
+        print(e.stdout[-4000:] if isinstance(e.stdout, str) else "", flush=True)
+        report.add("CUDA-marked tests", False, f"not finished in {TESTS_TIMEOUT_S} s: stopped (their output is above)")
+        return
     summary = (done.stdout.strip().splitlines() or ["no output"])[-1]
     passed = re.search(r"(\d+) passed", summary)
     ok = done.returncode == 0 and passed is not None and "skipped" not in summary
@@ -270,8 +294,7 @@ def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
         try:
             result = bench.run_bench(cfg, None, updates, warmup, 64 if quick else None, print)
         except Exception as e:  # e.g. no Triton for torch.compile: report it and keep the summary screen
-            first = (str(e).strip().splitlines() or [""])[0]
-            report.add(f"nmt bench, Transformer-base, {label}", False, f"{type(e).__name__}: {first}")
+            report.add(f"nmt bench, Transformer-base, {label}", False, error_line(e))
             continue
         report.figures[f"bench_{label}"] = result
         train = result["training"]
@@ -288,6 +311,26 @@ def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
         )
 
 
+def run_checks(report: Report, args: argparse.Namespace, device: str) -> None:
+    """Every check in turn, each guarded: one that raises is a FAIL row and the next one runs."""
+    guarded(report, "CUDA-marked tests", lambda: check_tests(report, args.quick))
+    guarded(report, f"bf16 vs fp32, first {AGREE_UPDATES} updates", lambda: check_agreement(report, args.out, device))
+    updates = 60 if args.quick else 300
+    run_dir = guarded(
+        report, "bf16 + SDPA + fused AdamW", lambda: check_bf16_training(report, args.out, device, updates)
+    )
+    guarded(report, "fp16 + GradScaler", lambda: check_fp16(report, args.out, device, 100))
+    if run_dir is None:
+        report.add("batched beam search", None, "not run: it decodes with the bf16 run's model, which failed")
+    else:
+        guarded(report, "batched beam search", lambda: check_beam(report, run_dir, device))
+    if not (args.data / "train.de").exists():
+        missing = f"not run: no Multi30k in {args.data} (run 'make multi30k-data', or copy data/multi30k here)"
+        report.add("nmt bench, Transformer-base", False, missing)
+    else:
+        guarded(report, "nmt bench, Transformer-base", lambda: check_bench(report, args.out, args.data, args.quick))
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
@@ -297,9 +340,6 @@ def main() -> int:
     if not args.quick and not torch.cuda.is_available():
         print("gpu-check: error: no CUDA GPU is visible (use --quick to check the script's logic on a CPU)")
         return 2
-    if not (args.data / "train.de").exists():
-        print(f"gpu-check: error: {args.data}: no Multi30k here (run 'make multi30k-data')")
-        return 2
     device = "cpu" if args.quick else "cuda"
     args.out.mkdir(parents=True, exist_ok=True)
     os.environ.setdefault("NMT_CACHE_DIR", str(args.out / "cache"))
@@ -307,12 +347,7 @@ def main() -> int:
     start = time.perf_counter()
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (--quick)"
     print(f"gpu-check on {name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
-    check_tests(report, args.quick)
-    check_agreement(report, args.out, device)
-    run_dir = check_bf16_training(report, args.out, device, 60 if args.quick else 300)
-    check_fp16(report, args.out, device, 100)
-    check_beam(report, run_dir, device)
-    check_bench(report, args.out, args.data, args.quick)
+    run_checks(report, args, device)
     (args.out / "gpu_check.json").write_text(json.dumps({"rows": report.rows, **report.figures}, indent=1) + "\n")
     print(f"\n== gpu-check on {name} ({time.perf_counter() - start:.0f} s) ==")
     width = max(len(c) for c, _, _ in report.rows)

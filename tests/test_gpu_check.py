@@ -110,3 +110,75 @@ def test_fp16_check_reports_a_diverged_run_as_a_row_and_a_calibrated_one_as_pass
     gpu_check.check_fp16(report, tmp_path, "cuda", 100)
     assert report.rows[1][:2] == ("fp16 + GradScaler, 100 updates", "PASS")
     assert "4 overflowing updates skipped" in report.rows[1][2]
+
+
+def _fake_bench(cfg, *args):
+    train = {"trg_tokens_per_s": 1000.0, "trg_tokens_per_update": 500.0, "model_gflops": 400.0}
+    return {
+        "training": {**train, "utilization_vs_peak": 0.4},
+        "matmul_peak_gflops": {"bf16": 1000.0, "fp32": 500.0},
+        "precision": "bf16",
+        "auto": {"precision": "bf16", "attention": "sdpa"},
+        "decoding": {"beam5": {"sentences_per_s": 50.0}},
+    }
+
+
+def _summary(text: str) -> dict[str, tuple[str, str]]:
+    """check -> (verdict, figures) from the summary screen, where columns are two spaces apart."""
+    rows = {}
+    for line in text.split("== gpu-check on")[1].splitlines()[1:]:
+        verdict, rest = line.split(" ", 1)
+        check, _, figures = rest.strip().partition("  ")
+        rows[check] = (verdict, figures.strip())
+    return rows
+
+
+def test_a_check_that_raises_is_a_failed_row_and_the_others_and_the_summary_still_run(tmp_path, monkeypatch, capsys):
+    """A CUDA error in the first training must not end the scarce GPU session without its summary screen."""
+    data = tmp_path / "multi30k"
+    write_corpus(data, "train", generate_pairs(20, seed=1))
+
+    def cuda_error(cfg):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered\nCompile with TORCH_USE_CUDA_DSA")
+
+    monkeypatch.setattr(gpu_check, "train_run", cuda_error)
+    monkeypatch.setattr(gpu_check, "cpu_has_bf16", lambda: True)  # the agreement check runs on any CPU
+    monkeypatch.setattr(gpu_check.bench, "run_bench", _fake_bench)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick", "--data", str(data), "--out", str(tmp_path / "out")])
+    code = gpu_check.main()
+    rows = _summary(capsys.readouterr().out)
+    error = "RuntimeError: CUDA error: an illegal memory access was encountered"
+    assert code == 1
+    assert rows["bf16 vs fp32, first 10 updates"] == ("FAIL", error)
+    assert rows["bf16 + SDPA + fused AdamW"] == ("FAIL", error)
+    assert rows["batched beam search"][0] == "info" and "not run" in rows["batched beam search"][1]
+    assert rows["nmt bench, Transformer-base, eager"][0] == "info"  # the checks after the failures ran
+    assert json.loads((tmp_path / "out" / "gpu_check.json").read_text())["rows"]
+
+
+def test_without_multi30k_only_the_bench_is_not_run(tmp_path, monkeypatch, capsys):
+    """A GPU machine without network and without a copy of Multi30k still runs every other check."""
+    ran = []
+    monkeypatch.setattr(gpu_check, "check_agreement", lambda report, *args: ran.append("agreement"))
+    monkeypatch.setattr(gpu_check, "check_bf16_training", lambda report, out, *args: ran.append("bf16") or out)
+    monkeypatch.setattr(gpu_check, "check_beam", lambda report, *args: ran.append("beam"))
+    monkeypatch.setattr(gpu_check.bench, "run_bench", _fake_bench)
+    argv = ["gpu_check.py", "--quick", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]
+    monkeypatch.setattr(sys, "argv", argv)
+    code = gpu_check.main()
+    rows = _summary(capsys.readouterr().out)
+    assert code == 1 and ran == ["agreement", "bf16", "beam"]
+    verdict, text = rows["nmt bench, Transformer-base"]
+    assert verdict == "FAIL" and text.startswith(f"not run: no Multi30k in {tmp_path / 'nowhere'}")
+
+
+def test_cuda_tests_that_hang_are_stopped_and_reported(tmp_path, monkeypatch):
+    def hangs(command, **kwargs):
+        raise subprocess.TimeoutExpired(command, kwargs.get("timeout"), output="tests/test_cuda.py ....")
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", hangs)
+    report = gpu_check.Report()
+    gpu_check.check_tests(report, quick=False)
+    assert report.rows == [
+        ("CUDA-marked tests", "FAIL", f"not finished in {gpu_check.TESTS_TIMEOUT_S} s: stopped (their output is above)")
+    ]
