@@ -27,7 +27,8 @@ help:
 	@echo "                    of 30 min): report/compare.md and report/compare.png"
 	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
 	@echo "make bench-scale    data at scale: prepare 100k and 5M generated pairs, training memory of both"
-	@echo "make gpu-check      everything that needs CUDA, one screen of results (GPU_PY=python3: that Python's torch)"
+	@echo "make gpu-check      everything that needs CUDA, one screen of results (a Python whose torch sees a GPU,"
+	@echo "                    or GPU_PY=python3; nothing is installed where one is found)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -104,11 +105,19 @@ bench-scale: install
 	$(BIN)/python scripts/bench_scale.py --pairs 100000 5000000 --updates 100 --json runs/bench_scale.json
 
 # CUDA tests, bf16/fp16 training checks, batched beam search and Transformer-base speed on a GPU.
-# On a machine whose own Python already has a CUDA build of torch: make gpu-check GPU_PY=python3
-# (then nothing is installed, and data/multi30k must already be there).
-GPU_PY ?= $(BIN)/python
-gpu-check: $(if $(filter $(BIN)/python,$(GPU_PY)),multi30k-data)
-	$(GPU_PY) scripts/gpu_check.py --data data/multi30k
+# The Python is GPU_PY where given, else the first of .venv's and python3 whose torch sees a GPU (a
+# GPU machine without network has only its own), else .venv, installed. Multi30k is fetched where
+# data/multi30k lacks it (MULTI30K_DIR, else a download); where that fails, only the bench is not run.
+GPU_PY ?=
+# Prints that Python; fails where none is found. (`make -n` runs the first line, which only looks.)
+find_gpu_python = $(if $(GPU_PY),echo '$(GPU_PY)',for py in $(BIN)/python python3; do \
+	$$py -c 'import sys; import torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null && echo $$py && exit 0; \
+	done; exit 1)
+gpu-check:
+	@($(find_gpu_python)) >/dev/null || $(MAKE) --no-print-directory install
+	@py=$$($(find_gpu_python)) || py=$(BIN)/python; echo "gpu-check: $$py"; \
+	$$py scripts/get_multi30k.py --out data/multi30k || echo "gpu-check: no Multi30k: the bench will not run"; \
+	$$py scripts/gpu_check.py --data data/multi30k
 
 clean:
 	rm -rf runs data/demo

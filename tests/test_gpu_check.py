@@ -2,10 +2,13 @@
 between the rare sessions that have a GPU."""
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from conftest import write_corpus
 
 from nmt.synthetic import generate_pairs
@@ -182,3 +185,28 @@ def test_cuda_tests_that_hang_are_stopped_and_reported(tmp_path, monkeypatch):
     assert report.rows == [
         ("CUDA-marked tests", "FAIL", f"not finished in {gpu_check.TESTS_TIMEOUT_S} s: stopped (their output is above)")
     ]
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_gpu_check_uses_a_python_whose_torch_sees_a_gpu_and_installs_nothing(tmp_path):
+    """A GPU machine has no network: `make gpu-check` must run on its own Python, not pip-install a .venv."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "calls.log"
+    bin_dir.mkdir()
+    fake = bin_dir / "python3"  # its torch "sees a GPU": every call succeeds, and is logged
+    fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MAKEFLAGS", None)
+    venv = tmp_path / "venv"
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "gpu-check", f"VENV={venv}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert "scripts/gpu_check.py --data data/multi30k" in calls
+    assert not any("venv" in call or "pip" in call for call in calls) and not venv.exists()
+    assert "gpu-check: python3" in done.stdout
