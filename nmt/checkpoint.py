@@ -310,4 +310,6 @@ def set_rng_state(state: dict[str, Any]) -> None:
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        # One state per GPU the saving process saw: a run saved where more were visible (8 ranks,
+        # resumed with 4 on another machine) holds states for devices not here, which torch refuses.
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])

@@ -176,6 +176,21 @@ def test_rng_state_roundtrip():
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
+def test_rng_state_saved_where_more_gpus_were_visible_restores_those_present(monkeypatch):
+    """An 8-GPU torchrun job's checkpoint holds 8 CUDA generator states; resumed with fewer GPUs, torch's
+    set_rng_state_all would index generators that do not exist (IndexError), so only those present are set."""
+    import random
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda.random, "set_rng_state", lambda state, device: restored.append((state, device)))
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}  # as saved, less rng_state()'s CUDA call
+    state["cuda"] = [torch.full((16,), 1, dtype=torch.uint8), torch.full((16,), 2, dtype=torch.uint8)]
+    checkpoint.set_rng_state(state)
+    assert [(int(s[0]), device) for s, device in restored] == [(1, 0)]
+
+
 def test_non_finite_weights_are_never_written(tmp_path):
     bad = payload(1.0)
     bad["model"]["w"][1, 1] = float("nan")
