@@ -326,16 +326,39 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
     src_tok, trg_tok = _tokenizers(cfg, run, log)
     train = _binarized_train(cfg, run, src_tok, trg_tok, log)
-    limit = None if cfg.model.max_positions is None else cfg.model.max_positions - 1
-    dev = _encode(src_tok, trg_tok, dev_src, dev_trg, limit)
+    dev = _encode_dev(cfg, src_tok, trg_tok, dev_src, dev_trg, log)
     return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, dev)
 
 
-def _encode(
-    src_tok: Tokenizer, trg_tok: Tokenizer, src: list[str], trg: list[str], limit: int | None = None
+def _encode_dev(
+    cfg: Config, src_tok: Tokenizer, trg_tok: Tokenizer, src: list[str], trg: list[str], log: Callable[[str], None]
 ) -> EncodedCorpus:
-    """Encode both sides; ``limit`` truncates (dev pairs are scored whole but must fit the model)."""
+    """Both sides encoded, each cut to the ``model.max_positions - 1`` subwords the model holds (its
+    EOS takes the last position). The pairs cut are said here, once a session: validation's
+    translator, which cuts their sources again at every validation, says nothing then."""
     src_ids, trg_ids = src_tok.encode(src), trg_tok.encode(trg)
-    if limit is not None:
-        src_ids, trg_ids = [s[:limit] for s in src_ids], [t[:limit] for t in trg_ids]
-    return EncodedCorpus(src_ids, trg_ids)
+    if cfg.model.max_positions is None:
+        return EncodedCorpus(src_ids, trg_ids)
+    limit = cfg.model.max_positions - 1
+    cut = [i for i, (s, t) in enumerate(zip(src_ids, trg_ids)) if len(s) > limit or len(t) > limit]
+    if cut:
+        validated = cfg.train.validate_max_sentences or len(src_ids)
+        translated = sum(1 for i in cut if i < validated and len(src_ids[i]) > limit)
+        log(dev_cut_warning(len(cut), len(src_ids), translated, cfg.model.max_positions))
+    return EncodedCorpus([s[:limit] for s in src_ids], [t[:limit] for t in trg_ids])
+
+
+def dev_cut_warning(cut: int, pairs: int, translated: int, max_positions: int) -> str:
+    """The warning for ``cut`` of the dev set's ``pairs`` with a side over ``max_positions - 1``
+    subwords, ``translated`` of them with a source over it among the sentences validation translates."""
+    limit = max_positions - 1
+    message = (
+        f"warning: dev: {cut} of {pairs} pairs have a side longer than model.max_positions {max_positions} allows "
+        f"({limit} subwords): the dev loss scores only their first {limit} subwords"
+    )
+    if translated:
+        message += (
+            f"; validation translates {translated} of them from their first {limit} source subwords, and dev BLEU "
+            "scores that against the whole reference"
+        )
+    return message

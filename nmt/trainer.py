@@ -120,6 +120,11 @@ def evaluate_loss(
     return nll_total / max(tokens, 1)
 
 
+def _told_already(message: str) -> None:
+    """Where validation's translator reports dev sources cut to the model's positions:
+    ``nmt.prepare`` said so once for the dev set."""
+
+
 def _count(n: int, noun: str) -> str:
     return f"{n} {noun}" + ("" if n == 1 else "es")
 
@@ -233,8 +238,9 @@ class Trainer:
                 from nmt.tensorboard import TensorBoardLog
 
                 self.metrics.append(TensorBoardLog(self.run.path))
+        # Dev sources too long for the model were said once as the data was prepared, not at every validation.
         self.translator = Translator(
-            self.model, self.data.src_tok, tok, self.device, self.precision, self.log, self.choice.decoding()
+            self.model, self.data.src_tok, tok, self.device, self.precision, _told_already, self.choice.decoding()
         )
         distributed.agree(world, lambda: self._resume_and_record(resume))
         self.progress.world_size, self.progress.update_batches = world.world_size, t.accumulate * world.world_size

@@ -6,7 +6,7 @@ import json
 
 import pytest
 import yaml
-from conftest import PAIRS, tiny_config
+from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt.cli import main
 from nmt.config import config_from_dict
@@ -54,6 +54,31 @@ def test_a_source_longer_than_the_positions_is_truncated_with_a_warning(run_with
     assert warnings == [
         f"warning: input lines 2, 5 (2 lines) are longer than the model's positions allow ({MAX_POSITIONS - 1} "
         f"subwords): translated from the first {MAX_POSITIONS - 1} subwords only"
+    ]
+
+
+def test_dev_pairs_longer_than_the_positions_are_said_once_in_the_log(tmp_path):
+    """A dev pair with a side over max_positions - 1 subwords is scored cut to them (dev loss) and its
+    long source translated from its beginning (dev BLEU): train.log says so once, counting the pairs
+    and the sources validation cuts, not at every validation."""
+    kernels = {"attention": "explicit", "fp32_matmul": "blas", "threads": 1}  # nothing to measure
+    config = tiny_config(tmp_path, max_updates=2, warmup_updates=1, validate_every=1, **kernels)
+    values = yaml.safe_load(config.read_text())
+    long_src, long_trg = " ".join([PAIRS[1][0]] * 20), " ".join([PAIRS[1][1]] * 20)  # well over 31 subwords
+    dev = [PAIRS[0], (long_src, long_trg), (PAIRS[2][0], long_trg), (long_src, PAIRS[3][1])]
+    values["data"]["dev"] = str(write_corpus(tmp_path / "data", "dev", dev))
+    values["model"].update(positions="learned", max_positions=MAX_POSITIONS)
+    values["data"]["max_len"] = MAX_POSITIONS - 1
+    values["train"]["validate_max_sentences"] = 3  # the last long source is not translated
+    config.write_text(yaml.safe_dump(values))
+    assert main(["train", "--config", str(config)]) == 0
+    log = (tmp_path / "run" / "train.log").read_text().splitlines()
+    assert sum("validation at update" in line for line in log) == 2
+    limit = MAX_POSITIONS - 1
+    assert [line.split(" ", 2)[2] for line in log if "warning" in line] == [
+        f"warning: dev: 3 of 4 pairs have a side longer than model.max_positions {MAX_POSITIONS} allows ({limit} "
+        f"subwords): the dev loss scores only their first {limit} subwords; validation translates 1 of them from "
+        f"their first {limit} source subwords, and dev BLEU scores that against the whole reference"
     ]
 
 
