@@ -25,7 +25,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
         cfg = load_config(args.config, args.set)
-        check_saved_corpora(cfg, Path(args.config), ("train", "dev"))
+        check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)
         train(cfg, log, Path(args.config))
     return 0
 
@@ -38,7 +38,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     from nmt.rundir import RunDir, check_saved_corpora
 
     cfg = load_config(args.config, args.set)
-    check_saved_corpora(cfg, Path(args.config), ("train", "dev"))
+    check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)
     run = RunDir(cfg.run_dir)
     cfg = run.open_for_training(cfg, Path(args.config), log)
     try:

@@ -314,10 +314,10 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
     complete and only opened by everyone else (the other ranks of a torchrun job)."""
     run.train_data_dir.parent.mkdir(parents=True, exist_ok=True)
     if cfg.data.synthetic:
-        from nmt.synthetic import write_synthetic_corpus
+        from nmt.synthetic import corpus_directory, write_synthetic_corpus
 
         write_synthetic_corpus(
-            Path(cfg.data.train.path).parent,
+            corpus_directory(cfg.data.train.path),
             src_lang=cfg.data.src_lang,
             trg_lang=cfg.data.trg_lang,
             n_train=cfg.data.synthetic_train_pairs,

@@ -27,11 +27,21 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, CorpusConfig, DecodeConfig, config_to_dict, config_yaml, load_config, read_yaml
+from nmt.config import (
+    Config,
+    CorpusConfig,
+    DecodeConfig,
+    apply_overrides,
+    config_to_dict,
+    config_yaml,
+    load_config,
+    read_yaml,
+)
 from nmt.corpus import local_corpus_gone, plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE, validations_trained_on
+from nmt.synthetic import META_FILE, corpus_directory
 from nmt.tensorboard import TENSORBOARD_DIR
 from nmt.tokenizer import record_path
 
@@ -134,12 +144,19 @@ def check_resumable(old: Config, new: Config) -> None:
         )
 
 
-def check_saved_corpora(cfg: Config, config_file: Path, splits: tuple[str, ...], fix: str = "") -> None:
+def check_saved_corpora(
+    cfg: Config, config_file: Path, splits: tuple[str, ...], fix: str = "", overrides: list[str] | None = None
+) -> None:
     """Refuse, saying how to give their new place, the corpora of ``splits`` that a run's saved
     config.yaml (``config_file``) names by absolute path where nothing is now: the project was
     moved, or copied to another machine. ``fix`` is the command to give it to (empty: the one run now,
-    whose ``--set`` may be added). Any other config's missing corpus is for the reader to report."""
-    if cfg.data.synthetic or not _written_by_nmt(config_file):  # a synthetic corpus is written before it is read
+    whose ``--set`` may be added). A corpus path among the command line's ``overrides`` is the
+    user's own, as is any other config's missing corpus: for the reader to report.
+
+    With data.synthetic the corpus is written into data.train's directory before it is read: there
+    only where that directory holds its meta.json (a generation to complete), else it would be
+    written again at a place the user no longer works in (the project moved)."""
+    if not _written_by_nmt(config_file):
         return
     try:
         saved = read_yaml(config_file).get("data")
@@ -148,21 +165,40 @@ def check_saved_corpora(cfg: Config, config_file: Path, splits: tuple[str, ...],
     if not isinstance(saved, dict):
         return
     d = cfg.data
+    given = apply_overrides({}, overrides or [])
     gone = []
     for split in ("train", "dev", "test"):
         spec: CorpusConfig | None = getattr(d, split)
-        named_there = isinstance(saved.get(split), dict) and spec is not None and saved[split].get("path") == spec.path
-        if named_there and local_corpus_gone(spec, d.src_lang, d.trg_lang):
+        path_key = f"data.{split}.path"
+        if spec is None or any(path_key == key or path_key.startswith(key + ".") for key in given):
+            continue  # given on the command line (itself, or within a section given whole)
+        named_there = isinstance(saved.get(split), dict) and saved[split].get("path") == spec.path
+        if named_there and local_corpus_gone(spec, d.src_lang, d.trg_lang) and not _synthetic_under_way(cfg, spec):
             gone.append(split)
     needed = [split for split in gone if split in splits]
     if not needed:
         return
     sets = " ".join(f"--set data.{s}.path=NEW_DIR/{Path(getattr(d, s).path).name}" for s in gone)
     where = f"with '{fix} {sets}'" if fix else f"with {sets}"
-    raise NMTError(
-        f"{config_file}: config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}, which this "
-        f"run's saved config names by absolute path: if the data moved, give its new place {where}"
+    missing = (
+        f"{config_file}: config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}, "
+        "which this run's saved config names by absolute path"
     )
+    if d.synthetic:
+        raise NMTError(
+            f"{missing}, and data.synthetic writes it only where a config or --set names it anew: give the "
+            f"synthetic corpus's new place, or where to write it, {where}"
+        )
+    raise NMTError(f"{missing}: if the data moved, give its new place {where}")
+
+
+def _synthetic_under_way(cfg: Config, spec: CorpusConfig) -> bool:
+    """Whether data.synthetic completes ``spec`` where it is: it lies in the corpus directory, which
+    holds the meta.json a generation cut off midway leaves."""
+    if not cfg.data.synthetic:
+        return False
+    directory = corpus_directory(cfg.data.train.path)
+    return Path(spec.path).parent == directory and (directory / META_FILE).is_file()
 
 
 def _tune_report(report: Path) -> dict | None:

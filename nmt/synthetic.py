@@ -21,6 +21,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 
 CORPUS_VERSION = 1
+META_FILE = "meta.json"  # written first: it claims its directory for the corpus
 LEXICON_SEED = 20240601
 N_NOUNS, N_VERBS, N_ADJS, N_PREPS, N_ADVS = 40, 20, 16, 5, 5
 GENDERS = ("m", "f")
@@ -266,7 +267,7 @@ def write_synthetic_corpus(
     prefixes = {split: out_dir / split for split in sizes}
     meta = {"version": CORPUS_VERSION, "seed": seed, "src_lang": src_lang, "trg_lang": trg_lang, **sizes}
     files = [prefixes[s].with_name(f"{s}.{lang}") for s in sizes for lang in (src_lang, trg_lang)]
-    meta_path = out_dir / "meta.json"
+    meta_path = out_dir / META_FILE
     _refuse_other_corpus(out_dir, meta_path, meta, files)
     if meta_path.is_file() and all(f.is_file() for f in files):
         return prefixes
@@ -285,6 +286,11 @@ def write_synthetic_corpus(
         for side, lang in enumerate((src_lang, trg_lang)):
             atomic_write_bytes(out_dir / f"{split}.{lang}", "".join(p[side] + "\n" for p in chunk).encode())
     return prefixes
+
+
+def corpus_directory(train_path: str) -> Path:
+    """Where ``data.synthetic`` writes the corpus: the directory of ``data.train``'s path."""
+    return Path(train_path).parent
 
 
 def _refuse_other_corpus(out_dir: Path, meta_path: Path, meta: dict, files: list[Path]) -> None:

@@ -20,6 +20,7 @@ import yaml
 from conftest import PAIRS, tiny_config
 
 from nmt.cli import main
+from nmt.config import load_config
 from nmt.rundir import RunDir
 from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
 
@@ -367,6 +368,35 @@ def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tm
     new_place = [a for split in ("train", "dev", "test") for a in ("--set", f"data.{split}.path={data}")]
     assert nmt("prepare", "--config", saved, *new_place).returncode == 0
     assert RunDir.existing(run).config().data.dev.path == str(data)
+
+
+def test_a_moved_projects_synthetic_corpus_is_not_written_again_at_its_old_place(tmp_path, capsys):
+    # data.synthetic writes the demo corpus into data.train's directory, which a run's config.yaml
+    # names by absolute path: resuming a project moved from OLD to NEW with it wrote the corpus at
+    # OLD again, outside the project. Refused as a moved corpus is, naming the key; a --set names the place.
+    old, new = tmp_path / "old" / "demo", tmp_path / "new" / "demo"
+    values = yaml.safe_load(tiny_config(tmp_path).read_text())
+    splits = ("train", "dev", "test")
+    values["data"].update(synthetic=True, synthetic_train_pairs=50, **{split: str(old / split) for split in splits})
+    (tmp_path / "synthetic.yaml").write_text(yaml.safe_dump(values))
+    run = RunDir(tmp_path / "new" / "run")
+    run.path.mkdir(parents=True)
+    run.write_config(load_config(tmp_path / "synthetic.yaml"))  # as the run trained at OLD has it, moved to NEW
+    saved = str(run.config_path)
+    assert main(["prepare", "--config", saved]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"config key 'data.train.path': no corpus at {old / 'train'}" in err
+    assert " ".join(f"--set data.{split}.path=NEW_DIR/{split}" for split in splits) in err
+    assert not old.parent.exists()
+    new_place = [a for split in splits for a in ("--set", f"data.{split}.path={new / split}")]
+    assert main(["prepare", "--config", saved, *new_place]) == 0
+    assert (new / "meta.json").is_file() and not old.parent.exists()
+    # Where the project did not move, a generation cut off midway (its meta.json written) is completed.
+    old.mkdir(parents=True)
+    shutil.copy(new / "meta.json", old)
+    run.write_config(load_config(tmp_path / "synthetic.yaml"))
+    assert main(["prepare", "--config", saved]) == 0
+    assert sorted(p.name for p in old.iterdir()) == sorted(p.name for p in new.iterdir())
 
 
 # ---------------------------------------------------------------------------- mismatches
