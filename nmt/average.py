@@ -1,9 +1,10 @@
 """Checkpoint averaging: the element-wise mean of the model weights of a run's last N
-training-state checkpoints (Vaswani et al., 2017, averaged the last 5 or 20; fairseq, OpenNMT-py
-and Marian all offer it). The average is scored on dev like any validation and kept as
-``checkpoints/average_last_N.pt``, N the number of checkpoints it averages (weights only,
-checksummed, written atomically; ``index.json`` names it); translation uses it by default where its
-dev BLEU beats the best single checkpoint's.
+training-state checkpoints written by validations (Vaswani et al., 2017, averaged the last 5 or 20;
+fairseq, OpenNMT-py and Marian all offer it), the ones ``train.keep_last`` keeps: not one a signal
+wrote between two validations, which a run left alone never has. The average is scored on dev
+like any validation and kept as ``checkpoints/average_last_N.pt``, N the number of checkpoints it
+averages (weights only, checksummed, written atomically; ``index.json`` names it); translation uses
+it by default where its dev BLEU beats the best single checkpoint's.
 
 A run that ends with fewer checkpoints than ``train.average_last`` (it validated fewer times)
 averages the ones it has, from 2 on; ``nmt average --last N`` asks for exactly N.
@@ -76,15 +77,17 @@ def _why_fewer(cfg: Config, last: int) -> str:
 def checkpoints_to_average(
     run: RunDir, cfg: Config, last: int, log: Callable[[str], None], fewer_ok: bool
 ) -> list[checkpoint.CheckpointInfo]:
-    """The run's last ``last`` training-state checkpoints, newest first. With ``fewer_ok`` (the end
-    of training: the run validated fewer times) the ones there are, with a warning, and none where
-    there is only one; else fewer is an error."""
-    found = checkpoint.list_checkpoints(run.checkpoint_dir, "update")[:last]
+    """The run's last ``last`` training-state checkpoints written by validations, newest first
+    (``checkpoint.validation_states``: those the run keeps and averages as a run left alone would).
+    With ``fewer_ok`` (the end of training: the run validated fewer times) the ones there are, with a
+    warning, and none where there is only one; else fewer is an error."""
+    found = checkpoint.validation_states(run.checkpoint_dir)[:last]
     if len(found) >= last:
         return found
     if not fewer_ok:
         raise NMTError(
-            f"{run.path}: {len(found)} training-state checkpoint(s) exist, {last} asked for; {_why_fewer(cfg, last)}"
+            f"{run.path}: {len(found)} training-state checkpoint(s) written by validations exist, {last} asked for; "
+            f"{_why_fewer(cfg, last)}"
         )
     updates = ", ".join(str(info.update) for info in reversed(found)) or "none"
     have = (

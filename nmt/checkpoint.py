@@ -273,6 +273,13 @@ def written_by_validation(progress: dict) -> bool:
     return progress.get("last_validated", update) == update
 
 
+def validation_states(directory: Path) -> list[CheckpointInfo]:
+    """The training states validations wrote, newest first: the ones ``keep_last`` counts and
+    averaging takes. One a signal wrote between two validations, kept only to resume from, is not."""
+    found = list_checkpoints(directory, "update")
+    return [info for info in found if written_by_validation(_state_progress(info.path))]
+
+
 def _state_progress(path: Path) -> dict:
     """The ``progress`` a training state holds, its tensors memory-mapped, not read; {} where the
     file cannot be read (it then counts as a validation's, as every state did before)."""

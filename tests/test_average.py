@@ -4,6 +4,7 @@ used by translation where its dev BLEU beats the best single checkpoint."""
 from __future__ import annotations
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -84,7 +85,8 @@ def test_nmt_average_command_and_its_errors(run, capsys):
     assert (run / "run" / "checkpoints" / "average_last_2.pt").exists()
     assert main(["average", "--model", str(run / "run"), "--last", "5"]) == 2
     err = capsys.readouterr().err
-    assert "3 training-state checkpoint(s) exist, 5 asked for; the run keeps train.keep_last 3" in err
+    said = "3 training-state checkpoint(s) written by validations exist, 5 asked for; the run keeps train.keep_last 3"
+    assert said in err
     lock = RunLock(run / "run" / "train.lock")
     lock.acquire(run / "run", print)
     try:
@@ -92,6 +94,26 @@ def test_nmt_average_command_and_its_errors(run, capsys):
         assert "another 'nmt train' is training this run" in capsys.readouterr().err
     finally:
         lock.release()
+
+
+def test_nmt_average_leaves_out_a_state_a_signal_wrote_between_validations(run, tmp_path, capsys):
+    # A run stopped by SIGTERM or Ctrl-C at update 45 keeps that update's training state to resume
+    # from; 'nmt average --last 3' takes the last 3 validations wrote, as keep_last counts them and
+    # training's own average_last takes them, not the signal's.
+    copied = tmp_path / "run"
+    shutil.copytree(run / "run", copied, ignore=shutil.ignore_patterns("average_*"))
+    directory = copied / "checkpoints"
+    index = json.loads((directory / "index.json").read_text())
+    (directory / "index.json").write_text(json.dumps({k: v for k, v in index.items() if k != "average"}))
+    state = checkpoint.load(directory / "update_00000040.pt")
+    state["progress"].update(update=45, last_validated=40)  # as the trainer saves it on a signal
+    checkpoint.CheckpointManager(directory, 3, 1).save_state(state, 45)
+    assert [c.update for c in checkpoint.list_checkpoints(directory, "update")] == [45, 40, 30, 20]
+    assert main(["average", "--model", str(copied), "--last", "3"]) == 0
+    assert "average of updates 20, 30, 40: dev BLEU" in capsys.readouterr().err
+    assert json.loads((directory / "index.json").read_text())["average"]["updates"] == [20, 30, 40]
+    assert main(["average", "--model", str(copied), "--last", "4"]) == 2
+    assert "3 training-state checkpoint(s) written by validations exist, 4 asked for" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("last", ["1", "0", "two"])
@@ -145,7 +167,7 @@ def test_a_run_with_fewer_checkpoints_than_average_last_averages_those_it_has(tm
     # By hand, N is what was asked for: the error says how many exist, not keep_last (which is 5).
     assert main(["average", "--model", str(tmp_path / "run"), "--last", "5"]) == 2
     err = capsys.readouterr().err
-    assert "2 training-state checkpoint(s) exist, 5 asked for; one is written per validation" in err
+    assert "2 training-state checkpoint(s) written by validations exist, 5 asked for; one is written per" in err
     assert "keep_last" not in err
 
 
