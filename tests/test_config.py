@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from nmt.batching import make_batch
+from nmt.cli import main
 from nmt.config import Config, apply_overrides, config_from_dict, config_yaml, load_config
 from nmt.corpus import filter_by_length
 from nmt.errors import NMTError
@@ -326,7 +327,12 @@ HUGE = 10**20
     [
         ("tokenizer.vocab_size", 3_000_000_000, "3000000000 must be in \\[16, 16777216\\]"),
         ("data.shard_pairs", HUGE, f"{HUGE} must be at most 2147483647"),
-        ("train.threads", HUGE, f"{HUGE} must be at most 2147483647"),
+        ("train.threads", HUGE, f"{HUGE} must be in \\[1, 4096\\] or auto"),
+        # within 32 bits, but libgomp aborts, the layers fill any memory, generating runs for hours
+        ("train.threads", 2**31 - 1, "2147483647 must be in \\[1, 4096\\] or auto"),
+        ("model.encoder_layers", 2**31 - 1, "2147483647 must be in \\[1, 10000\\]"),
+        ("model.decoder_layers", 10_001, "10001 must be in \\[1, 10000\\]"),
+        ("data.synthetic_train_pairs", 2**31 - 1, "2147483647 must be in \\[1, 100000000\\]"),
         ("train.max_updates", 2**31, "2147483648 must be at most 2147483647"),
         ("decode.batch_tokens", HUGE, f"{HUGE} must be at most 2147483647"),
         ("model.d_model", HUGE, f"{HUGE} must be in \\[1, 16777216\\]"),
@@ -344,6 +350,23 @@ def test_integer_keys_too_large_for_what_reads_them_are_errors(tmp_path, key, va
 def test_rnn_hidden_is_bounded_as_a_width():
     with pytest.raises(NMTError, match=f"config key 'model.rnn_hidden': {HUGE} must be in"):
         config_from_dict({**MINIMAL, "model": {"type": "rnn", "rnn_hidden": HUGE}})
+
+
+def test_rnn_layers_are_bounded_as_the_transformer_s():
+    with pytest.raises(NMTError, match="config key 'model.encoder_layers': 2147483647 must be in \\[1, 10000\\]"):
+        config_from_dict({**MINIMAL, "model": {"type": "rnn", "encoder_layers": 2**31 - 1}})
+
+
+def test_a_count_beyond_its_bound_is_a_one_line_error_from_the_command_line(tmp_path, capsys):
+    # 2**31 - 1 torch threads made libgomp abort the process instead (here: no such corpus).
+    corpus = tmp_path / "none"
+    path = write(tmp_path, f"data: {{train: {corpus}, dev: {corpus}}}\ntrain: {{max_updates: 5, warmup_updates: 1}}\n")
+    assert main(["train", "--config", str(path), "--set", f"train.threads={2**31 - 1}"]) == 2
+    err = capsys.readouterr().err
+    assert err == (
+        f"nmt train: error: --set train.threads={2**31 - 1}: config key 'train.threads': {2**31 - 1} must be in "
+        "[1, 4096] or auto\n"
+    )
 
 
 def test_integer_bounds_leave_room_for_every_real_value():
@@ -365,6 +388,12 @@ def test_integer_bounds_leave_room_for_every_real_value():
         torch.empty(4 * int32_max, int32_max, device="meta")
     cfg = config_from_dict({**MINIMAL, "model": {"d_model": MAX_WIDTH, "ff_size": MAX_WIDTH, "heads": 1}})
     assert cfg.model.d_model == cfg.model.ff_size == MAX_WIDTH
+    # Counts bounded within 32 bits keep their bounds' values.
+    bounds = ["model.encoder_layers=10000", "model.decoder_layers=10000", "train.threads=4096"]
+    apply_overrides(values, [*bounds, f"data.synthetic_train_pairs={10**8}"])
+    cfg = config_from_dict(values)
+    assert cfg.model.encoder_layers == cfg.model.decoder_layers == 10_000 and cfg.train.threads == 4096
+    assert cfg.data.synthetic_train_pairs == 10**8
 
 
 def test_tokenizer_bounds_are_what_sentencepiece_accepts(tmp_path):
