@@ -30,6 +30,7 @@ import torch  # noqa: E402
 
 from nmt import export  # noqa: E402
 from nmt.autotune import cpu_model_and_flags  # noqa: E402
+from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import corpus_scores  # noqa: E402
@@ -40,6 +41,14 @@ def cpu_name() -> str:
     model, _, flags = cpu_model_and_flags()
     units = [f for f in ("avx512f", "avx512_bf16", "amx_bf16", "amx_int8") if f in flags]
     return f"{model} [{' '.join(units) or 'no AVX-512'}]"
+
+
+def compared_decodings(decode: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig]:
+    """Beam 5 and greedy with the run's other decoding settings, one hypothesis per line: the
+    comparison scores and matches the best (a run whose decode.nbest is above 1 would otherwise ask
+    greedy for more hypotheses than its beam holds)."""
+    one = replace(decode, nbest=1)
+    return replace(one, beam_size=5), replace(one, beam_size=1)
 
 
 def main() -> int:
@@ -57,7 +66,7 @@ def main() -> int:
     src, ref = read_lines(args.src), read_lines(args.ref)
     run = RunDir.existing(args.run_dir)
     decode = run.config().decode
-    beam, greedy = replace(decode, beam_size=5), replace(decode, beam_size=1)
+    beam, greedy = compared_decodings(decode)
     nmt32 = load_translator(run, "cpu", "fp32")
     nmt_auto = load_translator(run, "cpu", None, log)
     torch.set_num_threads(args.threads)  # after load_translator, which applies the run's choice

@@ -5,6 +5,7 @@ what cannot be exported is a one-line error."""
 import itertools
 import json
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -390,3 +391,21 @@ def test_max_decoding_lengths_follow_nmt_search():
             expected = max_output_lengths(mask, a, b, max_positions).tolist()
             got = export.max_decoding_lengths(lengths, DecodeConfig(max_len_a=a, max_len_b=b), max_positions)
             assert got == expected
+
+
+def test_ct2_compare_runs_on_a_run_that_writes_nbest_lists(ct2, fake_run, tmp_path, monkeypatch, capsys):
+    """scripts/ct2_compare.py compares the best translations: a run whose decode.nbest is above 1
+    (more than greedy's beam of 1) still gets its greedy and beam-5 comparison."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import ct2_compare
+
+    run = fake_run()
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["nbest"] = 2
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    text = tmp_path / "test.txt"
+    text.write_text("".join(line + "\n" for line in SOURCES), encoding="utf-8")
+    argv = ["ct2_compare.py", str(run), "--src", str(text), "--ref", str(text), "--repeats", "1", "--threads", "1"]
+    monkeypatch.setattr(sys, "argv", argv)
+    assert ct2_compare.main() == 0
+    assert f"greedy fp32, CTranslate2 grouped: {len(SOURCES)}/{len(SOURCES)} lines identical" in capsys.readouterr().err
