@@ -122,15 +122,15 @@ _TORCH_SEED = (lambda v: -(2**63) <= v <= 2**64 - 1, "must be in [-2**63, 2**64 
 # two int32 widths overflow them. 2**24 keeps every product far inside; real models are far narrower.
 MAX_WIDTH = 1 << 24
 _WIDTH = (lambda v: 0 < v <= MAX_WIDTH, f"must be in [1, {MAX_WIDTH}]")
-# Counts within 32 bits that still never end well: a layer is a module built one at a time (2**31
-# of them fill any memory: a SystemError deep in torch, or the OOM killer), a torch thread is a
-# libgomp thread (2**31 abort the process: libgomp asks 460 GB; the OS gives a user some 10**5
-# threads), and the synthetic corpus is drawn and deduplicated in memory (300 bytes and 22 us a
-# pair: 2**31 would run for 13 hours). The bounds are far above real runs, which have tens of
-# layers, threads up to the machine's cores and a demo corpus of millions of pairs: 10,000 layers
-# build in 14 s, 4,096 threads run, 10**8 pairs take 30 GB and 40 minutes.
-MAX_LAYERS = 10_000
-MAX_THREADS = 4096
+# Thread counts: SentencePiece refuses more than 1024, and libgomp fails past the system's thread
+# limit (20,000 threads: "Thread creation failed", exit 1; 100,000: a segfault), so train.threads
+# shares the bound; a config may still name more threads than the machine's cores.
+MAX_THREADS = 1024
+# Layers are built one Python module at a time: 10**5 of them ran a 23 GB machine out of memory, and
+# 2**31 never finished building. 1024 per side leaves room for the deepest published models.
+MAX_LAYERS = 1024
+# The synthetic corpus is drawn and deduplicated in memory (300 bytes and 22 us a pair): 2**31
+# pairs would run for 13 hours; 10**8 take 30 GB and 40 minutes.
 MAX_SYNTHETIC_PAIRS = 10**8
 _LAYERS = (lambda v: 0 < v <= MAX_LAYERS, f"must be in [1, {MAX_LAYERS}]")
 # SentencePiece: 0 reads every sentence; a sample needs more than 100; the field is a uint64.
@@ -155,7 +155,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     # SentencePiece's trainer refuses anything below 0.98 (a CHECK failure, not a message)
     "tokenizer.character_coverage": (lambda v: 0.98 <= v <= 1.0, "must be in [0.98, 1] (what SentencePiece accepts)"),
     "tokenizer.input_sentence_size": _SENTENCE_SAMPLE,
-    "tokenizer.threads": (lambda v: 1 <= v <= 1024, "must be in [1, 1024] (what SentencePiece accepts)"),
+    "tokenizer.threads": (lambda v: 1 <= v <= MAX_THREADS, "must be in [1, 1024] (what SentencePiece accepts)"),
     "model.d_model": _WIDTH,
     "model.ff_size": _WIDTH,
     "model.encoder_layers": _LAYERS,
@@ -188,7 +188,7 @@ _RANGES: dict[str, tuple[Any, str]] = {
     "train.keep_best": _POSITIVE,
     "train.average_last": (lambda v: v >= 2, "must be >= 2 (checkpoints to average)"),
     "train.log_every": _POSITIVE,
-    "train.threads": (lambda v: v == "auto" or 0 < v <= MAX_THREADS, f"must be in [1, {MAX_THREADS}] or auto"),
+    "train.threads": (lambda v: v == "auto" or 0 < v <= MAX_THREADS, f"must be auto or in [1, {MAX_THREADS}]"),
     "train.max_nonfinite": _POSITIVE,
     "decode.beam_size": _POSITIVE,
     "decode.length_penalty": (lambda v: 0 <= v <= MAX_LENGTH_PENALTY, f"must be in [0, {MAX_LENGTH_PENALTY:g}]"),
