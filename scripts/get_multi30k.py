@@ -13,7 +13,6 @@ import argparse
 import gzip
 import os
 import sys
-import tempfile
 import urllib.error
 import urllib.request
 from pathlib import Path
@@ -63,13 +62,15 @@ def is_complete(out: Path, langs: list[str], override: int | None) -> bool:
 
 
 def write_atomic(dest: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.", suffix=".tmp")
+    # open() creates the file with the umask's permissions, as cp or a download would; mkstemp's
+    # 0600 left the corpus unreadable to the other users of a shared data directory.
+    tmp = dest.parent / f".{dest.name}.{os.getpid()}.tmp"
     try:
-        with os.fdopen(fd, "wb") as f:
+        with tmp.open("wb") as f:
             f.write(data)
         os.replace(tmp, dest)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
 
 

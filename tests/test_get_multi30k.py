@@ -47,6 +47,19 @@ def test_copies_from_multi30k_dir_then_up_to_date(tmp_path: Path) -> None:
     assert (out / "train.de").stat().st_mtime_ns == mtime
 
 
+def test_files_get_the_umask_permissions_as_cp_gives_them(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    out = tmp_path / "out"
+    old_umask = os.umask(0o022)  # the child inherits it
+    try:
+        res = run_script(["--out", str(out), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    finally:
+        os.umask(old_umask)
+    assert res.returncode == 0, res.stderr
+    modes = {(out / f"{split}.{lang}").stat().st_mode & 0o777 for split in SPLITS for lang in ("de", "en")}
+    assert modes == {0o644}
+
+
 def test_wrong_line_count_is_one_line_error(tmp_path: Path) -> None:
     fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
     (fake / "val.en").write_text("only one line\n")
