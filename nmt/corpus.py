@@ -8,6 +8,7 @@ becomes a one-line ``NMTError`` naming the file and line (or the dataset and col
 from __future__ import annotations
 
 import gzip
+import logging
 import os
 import socket
 import urllib.request
@@ -311,6 +312,25 @@ def _offline_hub() -> Iterator[None]:
             module.HF_HUB_OFFLINE = value
 
 
+def _below_error(record: logging.LogRecord) -> bool:
+    return record.levelno < logging.ERROR
+
+
+@contextmanager
+def _datasets_log_quiet() -> Iterator[None]:
+    """Keep ``datasets``' own error log lines ("Failed to load JSON from file ...") off stderr while
+    it reads: its failure becomes one NMTError line, and the log line before it was a second. Its
+    warnings (a cached copy used offline, say) still print."""
+    handlers = list(logging.getLogger("datasets").handlers)
+    for handler in handlers:
+        handler.addFilter(_below_error)
+    try:
+        yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_below_error)
+
+
 def _local_error(path: Path, error: BaseException) -> NMTError:
     return NMTError(f"{path}: cannot load as a dataset: {_first_line(error)}")
 
@@ -388,14 +408,20 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
     unreachable = None
     fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e, unreachable))
     try:
-        if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):
-            dataset = _load_saved(local, spec)
-        else:
-            unreachable = None if is_local else _hub_unreachable()
-            with _offline_hub() if unreachable else nullcontext():
-                source = str(local) if is_local else spec.path
-                dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
-        for rows in dataset.iter(batch_size=chunk):
+        with _datasets_log_quiet():
+            if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):
+                dataset = _load_saved(local, spec)
+            else:
+                unreachable = None if is_local else _hub_unreachable()
+                with _offline_hub() if unreachable else nullcontext():
+                    source = str(local) if is_local else spec.path
+                    dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
+            batches = iter(dataset.iter(batch_size=chunk))
+        while True:
+            with _datasets_log_quiet():  # a streamed file fails as its batch is read
+                rows = next(batches, None)
+            if rows is None:
+                return
             yield _columns(rows, spec, src_lang, trg_lang)
     except NMTError:
         raise

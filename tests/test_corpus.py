@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import gzip
+import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -359,15 +361,42 @@ def test_hf_directory_of_jsonl_files(tmp_path, monkeypatch):
     assert read_parallel(CorpusConfig(path=str(data_dir)), "de", "en") == (DE, EN)
 
 
-def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch):
+@pytest.mark.parametrize("streaming", [True, False])
+def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch, streaming):
     datasets = pytest.importorskip("datasets")
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
     data_dir = tmp_path / "jsonl"
     data_dir.mkdir()
     (data_dir / "train.jsonl").write_text('{"de": "a", "en": "b"}\n{broken\n', encoding="utf-8")
-    with pytest.raises(NMTError) as err:
-        read_parallel(CorpusConfig(path=str(data_dir)), "de", "en")
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)  # beside the stderr handler datasets gives its logger
+    logging.getLogger("datasets").addHandler(handler)
+    try:
+        with pytest.raises(NMTError) as err:
+            read_parallel(CorpusConfig(path=str(data_dir), streaming=streaming), "de", "en")
+    finally:
+        logging.getLogger("datasets").removeHandler(handler)
     assert _one_line(err).startswith(f"{data_dir}: cannot load as a dataset")
+    # the error is the only line: datasets' own "Failed to load JSON from file ..." is not printed before it
+    assert "Failed to load JSON" not in printed.getvalue()
+
+
+def test_datasets_warnings_still_print_while_its_error_lines_are_kept_quiet():
+    from nmt.corpus import _datasets_log_quiet
+
+    printed = io.StringIO()
+    handler = logging.StreamHandler(printed)  # as the stderr handler datasets gives its logger
+    library = logging.getLogger("datasets")
+    library.addHandler(handler)
+    try:
+        log = logging.getLogger("datasets.builder")
+        with _datasets_log_quiet():
+            log.warning("using the latest cached version")
+            log.error("Failed to load JSON from file")
+        log.error("an error outside a read")
+    finally:
+        library.removeHandler(handler)
+    assert printed.getvalue().splitlines() == ["using the latest cached version", "an error outside a read"]
 
 
 @pytest.mark.parametrize(
