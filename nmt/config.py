@@ -398,7 +398,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not equals or not all(path):  # '=5' or '.max_updates=5' would name the key ''
         raise NMTError(f"--set {text!r}: expected section.key=value")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        # as in a config file, a key twice ('data.train={path: a, path: b}') is an error, not the last one
+        value = _load_unique_keys(f"--set {text}", raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return path, _fix_yaml_floats(value)
@@ -473,7 +474,7 @@ def _first_duplicate_key(root: yaml.Node) -> tuple[str, yaml.Mark] | None:
     return None
 
 
-def _load_unique_keys(path: Path, text: str) -> Any:
+def _load_unique_keys(path: Path | str, text: str) -> Any:
     """``yaml.safe_load(text)``, refusing a key given twice in one mapping."""
     loader = yaml.SafeLoader(text)
     try:

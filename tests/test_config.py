@@ -318,6 +318,13 @@ def test_errors_name_the_set_override_that_gave_the_bad_value(tmp_path):
         load_config(bad_file, ["train.lr_peak=0.1", "train.max_minutes=5"])
 
 
+def test_a_key_twice_in_a_set_value_is_an_error_as_in_a_file(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 5, warmup_updates: 1}\n")
+    twice = r"^--set data.train=\{path: a, path: b\}: line 1, column 11: duplicate key 'path'$"
+    with pytest.raises(NMTError, match=twice):
+        load_config(path, ["data.train={path: a, path: b}"])
+
+
 # Beyond 32 bits an integer key overflows a C int (SentencePiece, torch's thread count) or a torch size.
 HUGE = 10**20
 
