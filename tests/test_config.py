@@ -375,8 +375,8 @@ def test_a_count_beyond_its_bound_is_a_one_line_error_from_the_command_line(tmp_
     assert main(["train", "--config", str(path), "--set", f"train.threads={2**31 - 1}"]) == 2
     err = capsys.readouterr().err
     assert err == (
-        f"nmt train: error: --set train.threads={2**31 - 1}: config key 'train.threads': {2**31 - 1} must be in "
-        "auto or in [1, 1024]\n"
+        f"nmt train: error: --set train.threads={2**31 - 1}: config key 'train.threads': {2**31 - 1} must be auto "
+        "or in [1, 1024]\n"
     )
 
 
