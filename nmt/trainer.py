@@ -24,7 +24,7 @@ import torch
 from nmt import autotune, checkpoint, distributed, testhooks
 from nmt.average import average_last, dev_bleu, dev_scorer
 from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, token_batches
-from nmt.config import Config
+from nmt.config import Config, TrainConfig
 from nmt.device import (
     Precision,
     adamw,
@@ -154,6 +154,32 @@ def world_size_change(saved: Progress, world: int, accumulate: int) -> str | Non
         f"warning: {change}: an update now takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world}), "
         f"not {before}; {keep}"
     )
+
+
+# AdamW's settings the config holds: key of a param group -> key of the train section.
+OPTIMIZER_KEYS = {"betas": "betas", "eps": "adam_eps", "weight_decay": "weight_decay"}
+
+
+def apply_optimizer_settings(optimizer: torch.optim.Optimizer, t: TrainConfig) -> list[str]:
+    """Set the config's betas, adam_eps and weight_decay in every param group of ``optimizer``;
+    returns "train.KEY OLD -> NEW" for each that was other. A checkpoint's optimizer state brings
+    back the settings it was saved with, which would override a config changed on resume (train
+    keys may change then) while the run's config.yaml recorded the new value."""
+    changed = []
+    for group_key, config_key in OPTIMIZER_KEYS.items():
+        wanted = getattr(t, config_key)
+        saved = [_setting(group[group_key]) for group in optimizer.param_groups]
+        other = [value for value in saved if value != _setting(wanted)]
+        if other:
+            changed.append(f"train.{config_key} {other[0]} -> {_setting(wanted)}")
+        for group in optimizer.param_groups:
+            group[group_key] = wanted
+    return changed
+
+
+def _setting(value: float | tuple[float, ...] | list[float]) -> float | list[float]:
+    """A setting as it compares and prints alike whether a tuple (config) or a list (a loaded state)."""
+    return list(value) if isinstance(value, (tuple, list)) else value
 
 
 def rank_seed(seed: int, rank: int, update: int) -> int:
@@ -318,6 +344,7 @@ class Trainer:
         self.run.check_checkpoint(path, state, self.cfg, self.model)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
+        changed = apply_optimizer_settings(self.optimizer, self.cfg.train)
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
@@ -325,6 +352,8 @@ class Trainer:
         p = self.progress
         best = f"best BLEU {p.best_bleu:.2f}" if p.last_validated >= 0 else "no validation yet"
         self.log(f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), {best}")
+        if changed:
+            self.log(f"resuming with {'; '.join(changed)}: AdamW takes the config's, not the checkpoint's")
         change = world_size_change(p, self.world.world_size, self.cfg.train.accumulate)
         if change is not None:
             self.log(change)

@@ -183,6 +183,37 @@ def test_resume_with_bigger_batches_goes_on_where_the_old_ones_left_off(tmp_path
     assert update == 12
 
 
+def test_adamw_settings_changed_on_resume_are_the_ones_the_optimizer_goes_on_with(tmp_path, capsys):
+    """train.betas, adam_eps and weight_decay may change on resume, as other train keys: loading the
+    checkpoint's optimizer state must not bring its own back."""
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    changed = ["train.betas=[0.8,0.9]", "train.adam_eps=1e-3", "train.weight_decay=0.1", "train.max_updates=5"]
+    assert main(["train", "--config", str(config), *[a for s in changed for a in ("--set", s)]]) == 0
+    [group] = checkpoint.load(final_path(tmp_path / "run"))["optimizer"]["param_groups"]
+    assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-3, 0.1)
+    assert (
+        "resuming with train.betas [0.9, 0.98] -> [0.8, 0.9]; train.adam_eps 1e-08 -> 0.001; "
+        "train.weight_decay 0.0 -> 0.1: AdamW takes the config's, not the checkpoint's"
+    ) in capsys.readouterr().err
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "train",
+                "--config",
+                str(config),
+                *[a for s in changed for a in ("--set", s)],
+                "--set",
+                "train.max_updates=6",
+            ]
+        )
+        == 0
+    )
+    assert "AdamW takes" not in capsys.readouterr().err  # nothing changed this time
+
+
 def final_path(run_dir):
     [latest, *_] = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
     return latest.path
