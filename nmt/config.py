@@ -263,11 +263,13 @@ def _check_consistency(cfg: Config) -> None:
     m, t = cfg.model, cfg.train
     m.check()
     # A training pair of max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
-    # decoder input). Only a learned table has a fixed size; sinusoids are computed for any length.
-    if isinstance(m, TransformerConfig) and m.positions == "learned" and m.max_positions <= cfg.data.max_len:
+    # decoder input). Sinusoids are computed for any length, but decoding and export stop at
+    # max_positions: a model trained on longer pairs could not translate them.
+    if isinstance(m, TransformerConfig) and m.max_positions <= cfg.data.max_len:
         raise NMTError(
             f"config key 'model.max_positions': {m.max_positions} must exceed data.max_len {cfg.data.max_len} "
-            f"(learned positions: a pair of {cfg.data.max_len} subwords plus its BOS/EOS needs {cfg.data.max_len + 1})"
+            f"(a pair of {cfg.data.max_len} subwords plus its BOS/EOS needs {cfg.data.max_len + 1} positions; "
+            f"translation stops at {m.max_positions})"
         )
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")

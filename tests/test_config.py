@@ -230,10 +230,12 @@ def test_train_cross_key_bounds():
     assert same.train.lr_min == same.train.lr_peak  # a flat rate after warmup is allowed
 
 
-def test_learned_positions_must_cover_the_longest_training_pair():
+@pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
+def test_positions_must_cover_the_longest_training_pair(positions):
     """A pair of data.max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
-    decoder input): the model must have that many, or training fails at the first long batch."""
-    model = {"positions": "learned", "max_positions": 16, "d_model": 32, "heads": 4, "ff_size": 32}
+    decoder input): the model must have that many, or training fails at the first long batch
+    (learned), or trains on pairs longer than translation and export allow (sinusoidal)."""
+    model = {"positions": positions, "max_positions": 16, "d_model": 32, "heads": 4, "ff_size": 32}
     data = {**MINIMAL["data"], "max_len": 64}
     with pytest.raises(NMTError, match="'model.max_positions': 16 must exceed data.max_len 64"):
         config_from_dict({**MINIMAL, "data": data, "model": model})
@@ -244,9 +246,6 @@ def test_learned_positions_must_cover_the_longest_training_pair():
     batch = make_batch(longest, longest, [0], pad_id=0, bos_id=1, eos_id=2)
     out = build_model(cfg.model, 10, 10, pad_id=0)(batch.src, batch.src_mask, batch.trg_in)
     assert out.shape[1] == 65
-    # Sinusoids are computed for any length: no bound to check.
-    sinusoidal = {**model, "positions": "sinusoidal"}
-    assert config_from_dict({**MINIMAL, "data": data, "model": sinusoidal}).model.max_positions == 16
 
 
 def test_seed_in_the_range_torch_accepts():
