@@ -13,6 +13,7 @@ from typing import Any
 from nmt import commands
 from nmt.console import say
 from nmt.errors import NMTError
+from nmt.files import storage_error, write_error_message
 
 
 def _int_at_least(low: int, expected: str) -> Callable[[str], int]:
@@ -358,6 +359,11 @@ def _run(args: argparse.Namespace) -> int:
         return 128 + getattr(e, "signum", signal.SIGINT)
     except BrokenPipeError:
         return 0
+    except OSError as e:  # a write the storage refused where no command says more (nmt.files)
+        if not storage_error(e):
+            raise
+        say(f"nmt {args.command}: error: {write_error_message(e)}")
+        return 2
 
 
 if __name__ == "__main__":

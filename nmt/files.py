@@ -9,6 +9,7 @@ No torch here: data-preparation workers import this module.
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import stat
@@ -17,6 +18,28 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from nmt.errors import NMTError
+
+# What the storage refuses (a full disk or quota, a file-size limit, a read-only mount, a failing
+# disk), as against a bug: the CLI says these in one line, naming the file.
+STORAGE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EIO})
+
+
+def storage_error(error: BaseException) -> bool:
+    return isinstance(error, OSError) and error.errno in STORAGE_ERRNOS
+
+
+def naming(error: OSError, path: Path, *hidden: Path) -> OSError:
+    """``error`` naming ``path``: a failed write or flush names no file, and a failed temporary file
+    (one of ``hidden``) is not the name the user knows."""
+    # One without errno (numpy's short write) keeps its own words: a file name would replace them.
+    if error.errno is not None and (error.filename is None or error.filename in {str(h) for h in hidden}):
+        error.filename = str(path)
+    return error
+
+
+def write_error_message(error: OSError) -> str:
+    """'FILE: could not write (No space left on device)'."""
+    return f"{error.filename or 'a file'}: could not write ({error.strerror or error})"
 
 
 def fsync_dir(directory: Path) -> None:
@@ -86,11 +109,15 @@ def atomic_write(
     """Call ``write(binary_file)`` on a temporary file, then rename it to ``path`` (to its target,
     for a symlink); a ``written_in_place`` path gets the bytes directly.
 
-    Raises OSError (after removing the temporary file) when the disk refuses the write.
+    Raises OSError naming ``path`` (after removing the temporary file) when the disk refuses the
+    write; ``path`` is then as it was.
     """
     if written_in_place(path):
-        with open_in_place(path) as f:
-            write(f)
+        try:
+            with open_in_place(path) as f:
+                write(f)
+        except OSError as e:
+            raise naming(e, path) from None
         return
     target = replaced_file(path)
     tmp = temporary_name(target)
@@ -102,8 +129,10 @@ def atomic_write(
         if before_rename is not None:
             before_rename(tmp)
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         tmp.unlink(missing_ok=True)
+        if isinstance(e, OSError):
+            naming(e, path, tmp)
         raise
     fsync_dir(target.parent)
 

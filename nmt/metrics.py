@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from nmt.errors import NMTError
+from nmt.files import naming
 
 METRICS_FILE = "metrics.jsonl"
 RATE_WINDOW = 20  # updates over which target tokens/s is averaged
@@ -27,6 +28,7 @@ class MetricsLog:
     """One JSON object per line; flushed so a killed run keeps what it logged."""
 
     def __init__(self, path: Path):
+        self.path = path
         try:
             end_torn_tail(path)
             self.file = open(path, "a", encoding="utf-8")
@@ -34,11 +36,20 @@ class MetricsLog:
             raise NMTError(f"{path}: cannot write the run's metrics ({e.strerror or e})") from None
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        """Raises OSError naming the file where the disk refuses the line; a line written in part
+        is cut when the file is next opened (``end_torn_tail``)."""
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as e:
+            self.close()
+            raise naming(e, self.path) from None
 
     def close(self) -> None:
-        self.file.close()
+        try:
+            self.file.close()
+        except OSError:  # what the disk refused stays out: the resumed run writes those updates again
+            pass
 
 
 def end_torn_tail(path: Path, block: int = 1 << 16) -> None:

@@ -36,7 +36,7 @@ from nmt.device import (
     size_onednn_cache,
 )
 from nmt.errors import NMTError, SharedError
-from nmt.files import atomic_write_bytes
+from nmt.files import atomic_write_bytes, naming
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
 from nmt.models import build_model
@@ -206,9 +206,23 @@ class Trainer:
         self._to_log_file(message)
 
     def _to_log_file(self, message: str) -> None:
-        if self._log_file is not None:
+        if self._log_file is None:
+            return
+        try:
             self._log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
             self._log_file.flush()
+        except OSError as e:  # a full disk: the log goes on on the console only, and the run stops
+            self._close_log_file()
+            raise naming(e, self.run.log_path) from None
+
+    def _close_log_file(self) -> None:
+        """Close ``train.log``; lines that could not be written (a full disk) are given up."""
+        log_file, self._log_file = self._log_file, None
+        if log_file is not None:
+            try:
+                log_file.close()
+            except OSError:
+                pass
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -629,9 +643,7 @@ class Trainer:
         for sink in self.metrics:
             sink.close()
         self.metrics = []
-        if self._log_file is not None:
-            self._log_file.close()
-            self._log_file = None
+        self._close_log_file()
         data = getattr(self, "data", None)
         if data is not None:
             data.train.close()

@@ -19,6 +19,7 @@ from nmt import distributed
 from nmt.batching import padding_fraction
 from nmt.config import Config, TrainConfig
 from nmt.errors import NMTError
+from nmt.files import storage_error, write_error_message
 from nmt.rundir import RunDir
 from nmt.signals import SignalGuard
 from nmt.trainer import Progress, Trainer
@@ -37,6 +38,13 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
         # ends now, and the signal would replace its report with 'interrupted'.
         closing = SignalGuard()
         raise
+    except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml (checkpoints say their own)
+        if not storage_error(e):
+            raise
+        resume = f"nmt train --config {config_file or trainer.run.config_path}"
+        raise NMTError(
+            f"{write_error_message(e)}; what the run wrote before is intact: free space, then resume with: {resume}"
+        ) from None
     finally:
         with closing:
             trainer.close()

@@ -1,5 +1,6 @@
 """Shared test data: a handful of parallel sentences and a tiny config that trains in seconds."""
 
+import errno
 import os
 from pathlib import Path
 
@@ -84,3 +85,20 @@ def padded_training_batch(sentences: int, src_len: int, trg_len: int, vocab: int
     trg = torch.randint(1, vocab, (sentences, trg_len))
     trg[-1, trg_len * 2 // 3 :] = pad_id
     return Batch(src.masked_fill(~src_mask, pad_id), src_mask, trg[:, :-1], trg[:, 1:], 0, 0, [])
+
+
+NO_SPACE = os.strerror(errno.ENOSPC)
+
+
+def refuse_writes(monkeypatch, *names: str) -> None:
+    """A full disk for the files ``names``: ``nmt.files`` cannot create the temporary files they are written to."""
+    from nmt import files
+
+    real_open = open
+
+    def opener(path, mode="r", *args, **kw):
+        if "w" in mode and any(Path(path).name.startswith(f".{name}.tmp") for name in names):
+            raise OSError(errno.ENOSPC, NO_SPACE, str(path))
+        return real_open(path, mode, *args, **kw)
+
+    monkeypatch.setattr(files, "open", opener, raising=False)

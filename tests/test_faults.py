@@ -1,5 +1,6 @@
 """Fault injection: kill -9 and resume, SIGTERM and SIGINT, and hostile input to every command."""
 
+import errno
 import os
 import signal
 import subprocess
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PAIRS, tiny_config
+from conftest import NO_SPACE, PAIRS, refuse_writes, tiny_config
 
 from nmt import checkpoint
 from nmt.cli import main
@@ -411,3 +412,81 @@ def test_a_signal_during_a_validation_gives_it_up_and_the_resumed_run_validates_
         a, b = (checkpoint.load(r / "checkpoints" / name) for r in (tmp_path / "a" / "run", run))
         assert a["progress"]["best_update"] == b["progress"]["best_update"], name
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
+
+
+# ---------------------------------------------------------------- a full disk
+
+
+class FillingFile:
+    """A text file opened for appending on a disk that fills after ``room`` more writes: from then
+    on every flush fails as a full disk's does, and so does the close that flushes last."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, text: str) -> int:
+        self.room -= 1
+        return self.file.write(text)
+
+    def flush(self) -> None:
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, NO_SPACE)
+        self.file.flush()
+
+    def close(self) -> None:
+        self.file.close()
+        if self.room < 0:
+            raise OSError(errno.ENOSPC, NO_SPACE)
+
+
+def filling_open(name: str, room: int):
+    """``open`` giving a ``FillingFile`` for the appends to the file ``name``."""
+    real_open = open
+
+    def opener(path, mode="r", *args, **kw):
+        file = real_open(path, mode, *args, **kw)
+        return FillingFile(file, room) if Path(path).name == name and mode.startswith("a") else file
+
+    return opener
+
+
+@pytest.mark.parametrize("full", ["train.log", "metrics.jsonl", "dev.hyp"])
+def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what_was_saved(
+    tmp_path, monkeypatch, capsys, full
+):
+    from nmt import metrics, trainer
+
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10, log_every=5)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    saved = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
+    if full == "dev.hyp":  # the next validation's file: the only one the disk refuses
+        refuse_writes(monkeypatch, "dev.hyp")
+    else:  # room for a few more lines, then none
+        monkeypatch.setattr(trainer if full == "train.log" else metrics, "open", filling_open(full, 3), raising=False)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert err.splitlines()[-1] == (
+        f"nmt train: error: {run / full}: could not write ({NO_SPACE}); what the run wrote before is intact: "
+        f"free space, then resume with: nmt train --config {config}"
+    )
+    kept = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
+    assert all(torch.equal(saved[k], kept[k]) for k in saved)
+    assert (run / "checkpoints" / "best_00000020.pt").exists() or (run / "checkpoints" / "best_00000010.pt").exists()
+
+    monkeypatch.undo()  # space freed: the run resumes and ends
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 0
+    assert final_model(run)[0] == 40
+
+
+def test_a_full_disk_is_one_line_where_no_command_says_more(run, tmp_path, monkeypatch, capsys):
+    refuse_writes(monkeypatch, "compare.md")
+    capsys.readouterr()
+    assert main(["compare", str(run / "run"), "--out", str(tmp_path / "cmp")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    assert (
+        err.splitlines()[-1] == f"nmt compare: error: {tmp_path / 'cmp' / 'compare.md'}: could not write ({NO_SPACE})"
+    )
