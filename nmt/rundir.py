@@ -89,9 +89,13 @@ class RunLock:
             os.close(fd)
             warn(f"{run_dir}: cannot lock the run directory ({e.strerror}); do not train it twice at once")
             return
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n".encode(), 0)
         self._fd = fd
+        holder = f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n"
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, holder.encode(), 0)
+        except OSError:  # a full disk: the lock holds without the note (the command then says what it cannot write)
+            pass
 
     def holder(self) -> str | None:
         """Who holds the lock now (as its file names them), or None where no process does; takes nothing."""
@@ -114,7 +118,10 @@ class RunLock:
     def release(self) -> None:
         """Unlock; the file stays (removing it would let two processes lock different files)."""
         if self._fd is not None:
-            os.ftruncate(self._fd, 0)
+            try:
+                os.ftruncate(self._fd, 0)
+            except OSError:  # a read-only remount: the holder's note stays, the lock goes
+                pass
             os.close(self._fd)  # closing releases the flock
             self._fd = None
 

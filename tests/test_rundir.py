@@ -678,3 +678,16 @@ def test_a_closed_standard_stream_is_a_one_line_error(trained, fd, said):
     )
     assert done.returncode == 2 and said in done.stderr and "Traceback" not in done.stderr, done.stderr
 
+
+def test_the_lock_holds_where_the_disk_has_no_room_for_the_holders_note(tmp_path):
+    from nmt.errors import NMTError
+    from nmt.rundir import RunLock
+
+    path = tmp_path / "train.lock"
+    path.symlink_to("/dev/full")  # every write refused, as on a full disk
+    lock = RunLock(path)
+    lock.acquire(tmp_path, warn=lambda message: None)
+    with pytest.raises(NMTError, match="another 'nmt train' is training this run"):
+        RunLock(path).acquire(tmp_path, warn=lambda message: None)
+    lock.release()
+    RunLock(path).acquire(tmp_path, warn=lambda message: None)
