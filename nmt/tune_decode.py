@@ -97,13 +97,15 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         best = best_trial(trials)
         before = untuned_decode(cfg.decode, run.tune_decode_path)
         cfg = replace(cfg, decode=replace(cfg.decode, beam_size=best.beam_size, length_penalty=best.length_penalty))
-        run.write_config(cfg)
         trials_done = [t.__dict__ for t in trials]
         tuned_on = translator.checkpoint.name  # the one loaded: resolving ``which`` again might not give it
         report = {"dev": cfg.data.dev.path, "checkpoint": tuned_on, "chosen": best.__dict__, "before": before}
         report["checkpoint_sha256"] = recorded_digest(translator.checkpoint)  # a file written again is another
         report["trials"] = trials_done
+        # The report first: one whose chosen pair config.yaml does not hold is ignored, so a disk that
+        # fills between the two leaves the run decoding as before, not with a pair no report explains.
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
+        run.write_config(cfg)
         default = tuned_on if which == "auto" else run.model_checkpoint(cfg).name
     finally:
         run.close()

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import yaml
-from conftest import tiny_config
+from conftest import NO_SPACE, refuse_writes, tiny_config
 
 from nmt import checkpoint
 from nmt.cli import main
@@ -227,3 +227,16 @@ def test_a_tuned_run_trained_on_says_when_its_checkpoint_is_no_longer_the_tuned_
     assert main([*translate, "average_last_2.pt"]) == 0
     since = "average_last_2.pt, written again since"
     assert _note(run, "average_last_2.pt", since, retune=" --checkpoint average_last_2.pt") in capsys.readouterr().err
+
+
+def test_a_disk_that_refuses_the_report_leaves_the_run_decoding_as_before(tmp_path, monkeypatch, capsys):
+    config = tiny_config(tmp_path, max_updates=40, validate_every=40)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    before = (run / "config.yaml").read_bytes()
+    refuse_writes(monkeypatch, "tune_decode.json")
+    capsys.readouterr()
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1,2", "--length-penalties", "0.5"]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == f"nmt tune-decode: error: {run / 'tune_decode.json'}: could not write ({NO_SPACE})"
+    assert (run / "config.yaml").read_bytes() == before and not (run / "tune_decode.json").exists()
