@@ -3,10 +3,12 @@ TensorBoard event files in ``RUN_DIR/tensorboard/``; same interface as ``Metrics
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
 from nmt.errors import NMTError
+from nmt.files import naming, storage_error
 from nmt.metrics import ScalarStream
 
 TENSORBOARD_DIR = "tensorboard"
@@ -29,6 +31,7 @@ class TensorBoardLog:
     def __init__(self, run_dir: Path):
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
         self._writer_class = _summary_writer_class()  # a missing package fails at start-up, not mid-run
+        threading.excepthook = _quiet_storage_errors
         self._writer = None
         self._stream = ScalarStream()
 
@@ -49,10 +52,28 @@ class TensorBoardLog:
             # A validation is logged after its update's train record, which an earlier session kept.
             self._writer = self._open(step if record.get("type") == "train" else step + 1)
         now = time.time()
-        for scalar, value in values:
-            self._writer.add_scalar(scalar.name, value, global_step=step, walltime=now)
+        try:  # the writer's thread failed (a full disk): it says so at the next event
+            for scalar, value in values:
+                self._writer.add_scalar(scalar.name, value, global_step=step, walltime=now)
+        except OSError as e:
+            self._writer = None
+            raise naming(e, self.log_dir) from None
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.close()
-            self._writer = None
+        writer, self._writer = self._writer, None
+        if writer is not None:
+            try:
+                writer.close()
+            except OSError:  # its last events are lost to a full disk; metrics.jsonl, the record, has them
+                pass
+
+
+def _quiet_storage_errors(args: threading.ExceptHookArgs) -> None:
+    """No traceback from TensorBoard's writer thread where the disk refuses its events: the training
+    loop gets the same error at its next event (``TensorBoardLog.write``) and says it in one line."""
+    if storage_error(args.exc_value):
+        return
+    _thread_excepthook(args)
+
+
+_thread_excepthook = threading.excepthook

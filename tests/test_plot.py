@@ -351,3 +351,26 @@ def test_training_with_tensorboard_writes_the_same_scalars(tmp_path):
     assert [e.step for e in events.Scalars("train/loss")] == [r["update"] for r in train]
     assert losses == pytest.approx([r["loss"] for r in train])
     assert [e.value for e in events.Scalars("valid/bleu")] == pytest.approx([r["dev_bleu"] for r in valid])
+
+
+def test_tensorboard_events_the_disk_refuses_are_one_error_naming_the_directory(tmp_path, capfd):
+    import errno
+    import threading
+
+    from nmt.tensorboard import TensorBoardLog
+
+    log = TensorBoardLog(tmp_path)
+    log.write(RESUMED[0])
+
+    def refused(*args, **kw):  # what the writer's thread raised at the next event
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    log._writer.add_scalar = refused
+    with pytest.raises(OSError) as raised:
+        log.write(RESUMED[1])
+    assert raised.value.filename == str(tmp_path / "tensorboard")
+    log.close()
+    thread = threading.Thread(target=refused)  # the writer's thread itself: no traceback
+    thread.start()
+    thread.join()
+    assert "Traceback" not in capfd.readouterr().err
