@@ -56,8 +56,12 @@ def save(payload: dict, path: Path) -> None:
     buffer = io.BytesIO()
     torch.save({"format": FORMAT, **payload}, buffer)
     data = buffer.getvalue()
+    sidecar = path.with_name(path.name + ".sha256")
+    # The old file's digest goes first: a crash or a full disk between the two writes then leaves a
+    # file without a digest (loaded unverified), not a good file that its old digest calls corrupted.
+    sidecar.unlink(missing_ok=True)
     atomic_write_bytes(path, data)
-    atomic_write_bytes(path.with_name(path.name + ".sha256"), hashlib.sha256(data).hexdigest().encode())
+    atomic_write_bytes(sidecar, hashlib.sha256(data).hexdigest().encode())
 
 
 def recorded_digest(path: Path) -> str | None:

@@ -36,6 +36,22 @@ def test_crash_between_write_and_rename_keeps_previous(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
+def test_a_sidecar_that_cannot_be_written_leaves_the_new_file_loadable(tmp_path, monkeypatch):
+    # average_last_N.pt and best files are written again under the same name: the old digest must
+    # not outlive its file, or the new checkpoint, complete, is called corrupted.
+    path = tmp_path / "average_last_2.pt"
+    checkpoint.save(payload(1.0), path)
+
+    def sidecar_refused(tmp):
+        if tmp.name.startswith(f".{path.name}.sha256"):
+            raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(testhooks, "before_rename", sidecar_refused)
+    with pytest.raises(NMTError, match="average_last_2.pt.sha256: could not write checkpoint"):
+        checkpoint.save(payload(2.0), path)
+    assert checkpoint.load(path)["progress"]["update"] == 2
+
+
 def test_truncated_checkpoint_detected(tmp_path):
     path = tmp_path / "update_00000001.pt"
     checkpoint.save(payload(1.0), path)
