@@ -33,7 +33,9 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
     try:
         files.atomic_write_bytes(path, data, before_rename=testhooks.checkpoint_before_rename)
     except OSError as e:
-        raise NMTError(f"{path}: could not write checkpoint ({e.strerror or e}); the previous one is intact") from None
+        raise NMTError(
+            f"{path}: could not write checkpoint ({e.strerror or e}); what was there before is intact"
+        ) from None
 
 
 def non_finite_tensors(state_dict: dict) -> list[str]:

@@ -30,7 +30,7 @@ def test_crash_between_write_and_rename_keeps_previous(tmp_path, monkeypatch):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(testhooks, "before_rename", crash)
-    with pytest.raises(NMTError, match="could not write checkpoint.*previous one is intact"):
+    with pytest.raises(NMTError, match="could not write checkpoint.*what was there before is intact"):
         checkpoint.save(payload(2.0), path)
     assert checkpoint.load(path)["progress"]["update"] == 1
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
