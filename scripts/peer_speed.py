@@ -6,7 +6,9 @@ Each pair runs ``nmt bench`` (the config's default choices, 4096-token batches a
 then ``../shared/peers/fairseq_speed.sh`` right after it, on the same machine and environment, and
 prints the ratio of their target tokens/s. This machine is shared and drifts: a single pair says
 little, the median over pairs is the figure to report, with the range beside it. Environment knobs
-such as ``ONEDNN_MAX_CPU_ISA`` reach both trainers, so one sitting can stand for a poorer CPU.
+such as ``ONEDNN_MAX_CPU_ISA`` reach both trainers, so one sitting can stand for a poorer CPU. So
+does nmt's bound on OpenMP's spinning (``GOMP_SPINCOUNT=10000``, nmt/openmp.py), which nmt's CLI
+sets for itself: fairseq otherwise spins 30 times longer, which costs it on cores another job shares.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from nmt.openmp import limit_spinning  # noqa: E402  (plain Python: no torch)
+
 ISA_KNOBS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
 PEER_LINE = re.compile(r"([0-9][0-9.]*) target tokens/s")
 
@@ -109,7 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         print("peer_speed: --pairs must be at least 1", file=sys.stderr)
         return 2
     knobs = {k: os.environ[k] for k in ISA_KNOBS if k in os.environ}
-    print(f"# environment: {' '.join(f'{k}={v}' for k, v in knobs.items()) or 'native ISA'}")
+    # Set here, the spin limit nmt's CLI sets for itself reaches the peer too (a user's setting stays).
+    spinning = limit_spinning()
+    print(f"# environment: {' '.join(f'{k}={v}' for k, v in knobs.items()) or 'native ISA'}; {spinning}")
     pairs = []
     try:
         for i in range(1, args.pairs + 1):
@@ -134,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.json:
         Path(args.json).write_text(
-            json.dumps({"environment": knobs, "pairs": pairs, "summary": summary}, indent=1) + "\n"
+            json.dumps({"environment": knobs, "openmp": spinning, "pairs": pairs, "summary": summary}, indent=1) + "\n"
         )
     return 0
 

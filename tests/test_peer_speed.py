@@ -91,3 +91,25 @@ def test_missing_nmt_command_is_one_line(tmp_path):
     assert done.stderr.strip() == (
         f"peer_speed: cannot run {absent}: No such file or directory (pass --nmt, or run make install)"
     )
+
+
+def test_peer_spins_as_briefly_as_nmt(tmp_path, monkeypatch):
+    """nmt's CLI bounds OpenMP's spin for itself; fairseq's 30x longer spin would cost it alone on shared cores."""
+    from nmt.openmp import SPIN_COUNT
+
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    peer = tmp_path / "peer.sh"
+    peer.write_text('#!/usr/bin/env bash\necho "spin=${GOMP_SPINCOUNT-unset}" >&2\nexit 3\n')
+    done = _run(tmp_path, peer)
+    assert done.stderr.strip() == f"peer_speed: {peer} exited with 3: spin={SPIN_COUNT}"
+    assert done.stdout.splitlines()[0].endswith(f"; GOMP_SPINCOUNT={SPIN_COUNT}")
+
+
+def test_peer_keeps_the_users_wait_policy(tmp_path, monkeypatch):
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    peer = tmp_path / "peer.sh"
+    peer.write_text('#!/usr/bin/env bash\necho "spin=${GOMP_SPINCOUNT-unset} policy=$OMP_WAIT_POLICY" >&2\nexit 3\n')
+    done = _run(tmp_path, peer)
+    assert done.stderr.strip() == f"peer_speed: {peer} exited with 3: spin=unset policy=PASSIVE"
