@@ -5,6 +5,11 @@
 V=${FAIRSEQ_VENV:-$HOME/.cache/nmt-peers/fairseq-venv}
 W=${WORK:-$HOME/.cache/nmt-peers/work}
 data=$root/data/multi30k
+# nmt's CLI bounds how long idle OpenMP threads spin (nmt/openmp.py); fairseq gets the same bound,
+# unless the user chose one, since its default 30x longer spin costs it alone on shared cores.
+if [ -z "${GOMP_SPINCOUNT+set}" ] && [ -z "${OMP_WAIT_POLICY+set}" ]; then
+  export GOMP_SPINCOUNT=10000
+fi
 
 # require_peer NAME: exit 2 with one line unless fairseq, its data and Multi30k's test set are here.
 require_peer() {

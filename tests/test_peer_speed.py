@@ -2,6 +2,7 @@
 reports, and one-line errors, with a stand-in peer script (no fairseq build needed)."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -113,3 +114,18 @@ def test_peer_keeps_the_users_wait_policy(tmp_path, monkeypatch):
     peer.write_text('#!/usr/bin/env bash\necho "spin=${GOMP_SPINCOUNT-unset} policy=$OMP_WAIT_POLICY" >&2\nexit 3\n')
     done = _run(tmp_path, peer)
     assert done.stderr.strip() == f"peer_speed: {peer} exited with 3: spin=unset policy=PASSIVE"
+
+
+def _spin_in_peer_scripts(env: dict) -> str:
+    """What scripts/fairseq_peer.sh (sourced by peer_decode.sh and peer_quality.sh) leaves fairseq to spin by."""
+    script = f'root={ROOT}; source {ROOT / "scripts" / "fairseq_peer.sh"}; echo "${{GOMP_SPINCOUNT-unset}}"'
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, env=env, check=True).stdout.strip()
+
+
+def test_decoding_and_quality_peers_spin_as_briefly_as_nmt():
+    from nmt.openmp import SPIN_COUNT
+
+    clean = {k: v for k, v in os.environ.items() if k not in ("GOMP_SPINCOUNT", "OMP_WAIT_POLICY")}
+    assert _spin_in_peer_scripts(clean) == str(SPIN_COUNT)
+    assert _spin_in_peer_scripts({**clean, "OMP_WAIT_POLICY": "PASSIVE"}) == "unset"
+    assert _spin_in_peer_scripts({**clean, "GOMP_SPINCOUNT": "5"}) == "5"
