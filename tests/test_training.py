@@ -10,10 +10,11 @@ import torch.nn.functional as F
 from conftest import tiny_config
 
 from nmt import testhooks
-from nmt.batching import make_batch
+from nmt.batching import make_batch, token_batches
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.errors import NMTError
+from nmt.loss import teacher_forced_loss
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
 from nmt.trainer import Trainer, evaluate_loss
@@ -111,13 +112,16 @@ def test_updates_are_adamw_steps_with_the_configs_betas_eps_and_weight_decay(tmp
     trainer.close()
 
 
-def test_dev_loss_is_the_mean_nll_per_real_target_token(tmp_path):
+@pytest.mark.parametrize("max_tokens", [512, 48])  # the dev set in one batch; in four, three of them padded
+def test_dev_loss_is_the_mean_nll_per_real_target_token(tmp_path, max_tokens):
     """evaluate_loss batches the dev set, with padding: it equals each sentence scored alone, summed and
     divided by the real target tokens (EOS counted), as dev_loss and dev_ppl report it."""
     trainer = make_trainer(tmp_path)
     tok, dev = trainer.data.trg_tok, trainer.data.dev
     assert len(set(dev.trg_lens.tolist())) > 1  # one batch of several lengths: padded
-    got = evaluate_loss(trainer.model, dev, tok, 512, trainer.precision, trainer.device)
+    batches = len(token_batches(dev.src_lens, dev.trg_lens, max_tokens, None, 0))
+    assert batches == (1 if max_tokens == 512 else 4)  # with 4, a sum that kept one batch's would be far off
+    got = evaluate_loss(trainer.model, dev, tok, max_tokens, trainer.precision, trainer.device)
     total, tokens = 0.0, 0
     with torch.no_grad():
         for i in range(len(dev)):
@@ -126,6 +130,29 @@ def test_dev_loss_is_the_mean_nll_per_real_target_token(tmp_path):
             total += F.cross_entropy(logits, batch.trg_out[0], reduction="sum").item()
             tokens += batch.trg_out.shape[1]
     assert got == pytest.approx(total / tokens, rel=1e-5)
+    trainer.close()
+
+
+def test_dev_loss_reads_the_device_once_and_equals_the_per_batch_sum(tmp_path, monkeypatch):
+    """The NLL is summed where the model runs and read once per dev pass (on a GPU a read after every
+    batch made the host wait for each), and the result is the same to the bit as the batches' NLLs
+    read one by one and summed in Python."""
+    trainer = make_trainer(tmp_path)
+    tok, dev, model = trainer.data.trg_tok, trainer.data.dev, trainer.model
+    plan = token_batches(dev.src_lens, dev.trg_lens, 48, None, 0)
+    assert len(plan) > 1
+    total, tokens = 0.0, 0
+    with torch.inference_mode():
+        for rows in plan:
+            batch = make_batch(*dev.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id)
+            total += teacher_forced_loss(model, model, batch, 0.0, tok.pad_id, trainer.precision)[1].item()
+            tokens += batch.n_trg_tokens
+    reads = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda tensor: reads.append(tensor) or item(tensor))
+    got = evaluate_loss(model, dev, tok, 48, trainer.precision, trainer.device)
+    assert len(reads) == 1
+    assert got == total / tokens
     trainer.close()
 
 
