@@ -30,7 +30,7 @@ from nmt.corpus import (
 )
 from nmt.errors import NMTError
 from nmt.rundir import RunDir, config_differences
-from nmt.tokenizer import NoLineFits, Tokenizer, read_record, remove_model, train_or_load_tokenizers
+from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 
 
 @dataclass
@@ -142,8 +142,8 @@ def _train_side(cfg: Config, side: int) -> Iterator[str]:
         yield from clean_pairs(*chunk)[side]
 
 
-def _no_line_fits(cfg: Config, error: NoLineFits) -> NMTError:
-    """``error`` naming the training file(s) it is about."""
+def _naming_the_files(cfg: Config, error: SideError) -> NMTError:
+    """``error`` naming the training file(s) it is about: its side's, or both for a joint model."""
     d = cfg.data
     langs = (d.src_lang, d.trg_lang) if error.side is None else ((d.src_lang, d.trg_lang)[error.side],)
     dataset = Path(d.train.path).is_dir() and d.train.format != "plain"
@@ -242,8 +242,8 @@ def _tokenizers(cfg: Config, run: RunDir, log: Callable[[str], None]) -> tuple[T
         return train_or_load_tokenizers(
             cfg.tokenizer, _train_side(cfg, 0), _train_side(cfg, 1), *paths, seed=cfg.seed, records=records
         )
-    except NoLineFits as e:
-        raise _no_line_fits(cfg, e) from None
+    except SideError as e:
+        raise _naming_the_files(cfg, e) from None
 
 
 def _all_filtered(summary: dict, max_len: int, max_len_ratio: float) -> NMTError:

@@ -160,34 +160,49 @@ _TOO_HIGH = re.compile(r"Vocabulary size too high.*?<=\s*(\d+)", re.DOTALL)
 _TOO_SMALL = re.compile(r"smaller than required_chars\.\s*(\d+)\s*vs\s*(\d+)")
 
 
-def _vocab_error(message: str, vocab_size: int) -> NMTError:
-    """Translate SentencePiece's trainer failure into an error naming the config key."""
+SIDES = ("source", "target")
+
+
+class SideError(NMTError):
+    """SentencePiece could not train on one side's text. ``side`` says whose (0 source, 1 target,
+    None both: a joint model), for the caller to name the files."""
+
+    def __init__(self, message: str, side: int | None):
+        super().__init__(message)
+        self.side = side
+
+
+def _vocab_error(message: str, vocab_size: int, side: int | None) -> SideError:
+    """Translate SentencePiece's trainer failure into an error naming the config key, and the side
+    where each has its own model (tokenizer.joint false): the size is that of each side's vocabulary."""
     key = "config key 'tokenizer.vocab_size'"
+    corpus = "this corpus" if side is None else f"the {SIDES[side]} side of this corpus"
     if "Vocabulary size too high" in message:
         match = _TOO_HIGH.search(message)
         bound = f" (at most {match.group(1)})" if match else ""
-        return NMTError(f"{key}: {vocab_size} is larger than this corpus supports{bound}")
+        return SideError(f"{key}: {vocab_size} is larger than {corpus} supports{bound}", side)
     match = _TOO_SMALL.search(message)
     if match:
-        return NMTError(
-            f"{key}: {vocab_size} is smaller than the {match.group(2)} characters and special pieces this corpus "
-            "needs (raise it or lower tokenizer.character_coverage)"
+        return SideError(
+            f"{key}: {vocab_size} is smaller than the {match.group(2)} characters and special pieces {corpus} "
+            "needs (raise it or lower tokenizer.character_coverage)",
+            side,
         )
     first = message.strip().splitlines()[0] if message.strip() else "unknown error"
-    return NMTError(f"SentencePiece training failed: {first}")
+    where = "" if side is None else f" on the {SIDES[side]} side"
+    return SideError(f"SentencePiece training failed{where}: {first}", side)
 
 
-class NoLineFits(NMTError):
+class NoLineFits(SideError):
     """Every line given to SentencePiece is over its length limit, which it skips: nothing is left to
-    train on. ``side`` says whose lines (0 source, 1 target, None both: a joint model), for the
-    caller to name the files."""
+    train on."""
 
     def __init__(self, side: int | None):
         super().__init__(
             f"every line is longer than SentencePiece's limit of {MAX_SENTENCE_BYTES} bytes, "
-            "so there is nothing to train the vocabulary on"
+            "so there is nothing to train the vocabulary on",
+            side,
         )
-        self.side = side
 
 
 def _fits(line: str) -> bool:
@@ -301,7 +316,7 @@ def _train_model(
             raise text.interrupt from None
         if text.all_too_long:  # SentencePiece says only "!sentences_.empty()"
             raise NoLineFits(side) from None
-        raise _vocab_error(str(e), cfg.vocab_size) from None
+        raise _vocab_error(str(e), cfg.vocab_size, side) from None
     proto = model.getvalue()
     model_path.parent.mkdir(parents=True, exist_ok=True)
     # vocab first: the .model file appearing is the signal that training finished.

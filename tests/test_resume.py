@@ -274,7 +274,10 @@ def test_a_source_model_left_by_a_failed_first_start_is_trained_again(tmp_path, 
     config = tiny_config(tmp_path)
     separate = ["--set", "tokenizer.joint=false", "--set", "model.tie_embeddings=false"]
     assert main(["prepare", "--config", str(config), *separate, "--set", "tokenizer.vocab_size=200"]) == 2
-    assert "tokenizer.vocab_size': 200 is larger than this corpus supports" in capsys.readouterr().err
+    assert (
+        f"{tmp_path}/data/train.en: config key 'tokenizer.vocab_size': 200 is larger than the target side of this "
+        "corpus supports" in capsys.readouterr().err
+    )
     src, trg = tmp_path / "run" / "spm.de.model", tmp_path / "run" / "spm.en.model"
     assert Tokenizer.load(src).vocab_size == 200 and not trg.exists()
     assert main(["prepare", "--config", str(config), *separate, "--set", "tokenizer.vocab_size=150"]) == 0

@@ -218,6 +218,53 @@ def test_vocab_too_small_names_config_key(tmp_path):
         train_or_load_tokenizers(_cfg(vocab_size=16), SRC, TRG, *_joint(tmp_path))
 
 
+FEW_PIECES = ["ka lo .", "lo ka ."] * 200  # too few pieces for 60
+# 200 characters, the word boundary and the 4 specials: more than 60
+MANY_CHARACTERS = [" ".join(chr(0x4E00 + i + j) for j in range(5)) for i in range(0, 200, 5)]
+
+
+@pytest.mark.parametrize("side", [0, 1])
+@pytest.mark.parametrize(
+    "text, says",
+    [
+        pytest.param(FEW_PIECES, "60 is larger than the {side} side of this corpus supports (at most ", id="too-large"),
+        pytest.param(
+            MANY_CHARACTERS,
+            "60 is smaller than the 205 characters and special pieces the {side} side of this corpus needs",
+            id="too-small",
+        ),
+    ],
+)
+def test_a_vocab_size_one_side_cannot_support_names_that_side(tmp_path, side, text, says):
+    """With tokenizer.joint false each side has a model of tokenizer.vocab_size pieces: the error says
+    which side's text cannot support it."""
+    lines = [SRC, TRG]
+    lines[side] = text
+    paths = tmp_path / "spm.de.model", tmp_path / "spm.en.model"
+    with pytest.raises(NMTError) as err:
+        train_or_load_tokenizers(_cfg(joint=False, vocab_size=60), *lines, *paths)
+    message = str(err.value)
+    assert err.value.side == side and "\n" not in message
+    assert message.startswith("config key 'tokenizer.vocab_size': " + says.format(side=("source", "target")[side]))
+
+
+def test_prepare_names_the_file_of_the_side_whose_text_cannot_support_the_vocab_size(tmp_path, capsys):
+    config = tiny_config(tmp_path)
+    values = yaml.safe_load(config.read_text())
+    values["tokenizer"].update(joint=False, vocab_size=60)
+    values["model"]["tie_embeddings"] = False
+    (tmp_path / "few.de").write_text("".join(line + "\n" for line in SRC), encoding="utf-8")
+    (tmp_path / "few.en").write_text("".join(line + "\n" for line in FEW_PIECES), encoding="utf-8")
+    values["data"]["train"] = str(tmp_path / "few")
+    config.write_text(yaml.safe_dump(values))
+    assert main(["prepare", "--config", str(config)]) == 2
+    error = capsys.readouterr().err.splitlines()[-1]
+    assert error.startswith(
+        f"nmt prepare: error: {tmp_path}/few.en: config key 'tokenizer.vocab_size': 60 is larger than the target "
+        "side of this corpus supports (at most "
+    )
+
+
 @pytest.mark.parametrize("interrupt", [KeyboardInterrupt, Terminated])
 def test_an_interrupt_while_sentencepiece_reads_stays_an_interrupt(tmp_path, interrupt):
     # SentencePiece reports an exception from its sentence iterator as a RuntimeError of its own;
