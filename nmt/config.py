@@ -15,7 +15,14 @@ from typing import Any, Literal
 
 import yaml
 
-from nmt.corpus import CorpusConfig, anchor_corpus, check_saved_split, hf_keys_changed, resolve_format
+from nmt.corpus import (
+    CorpusConfig,
+    anchor_corpus,
+    check_saved_config,
+    check_saved_split,
+    hf_keys_changed,
+    resolve_format,
+)
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
 from nmt.schema import Schema
@@ -322,9 +329,10 @@ def _check_consistency(cfg: Config) -> None:
 
 
 def _check_corpus_formats(cfg: Config) -> None:
-    """A Hugging Face dataset's keys on a plain or TSV corpus would be ignored: an error, as is a
-    split asked of a saved dataset without splits. Saved configs list every key, so only a value
-    other than the default counts. Needs anchored paths: format auto is resolved on the files."""
+    """A Hugging Face dataset's keys on a plain or TSV corpus would be ignored: an error, as are a
+    configuration named for a saved dataset and a split asked of one without splits. Saved configs
+    list every key, so only a value other than the default counts. Needs anchored paths: format
+    auto is resolved on the files."""
     d = cfg.data
     for split in ("train", "dev", "test"):
         spec = getattr(d, split)
@@ -340,6 +348,7 @@ def _check_corpus_formats(cfg: Config) -> None:
                 f"config key 'data.{split}.{changed[0]}': applies to Hugging Face datasets (format hf) only, "
                 f"not to this {fmt} corpus"
             )
+        check_saved_config(spec, f"data.{split}.hf_config")
         check_saved_split(spec, f"data.{split}.split")
 
 

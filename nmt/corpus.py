@@ -349,10 +349,24 @@ def check_saved_split(spec: CorpusConfig, key: str = "split") -> None:
     )
 
 
+def check_saved_config(spec: CorpusConfig, key: str = "hf_config") -> None:
+    """A configuration name chooses among a hub dataset's configurations (``load_dataset``'s
+    ``name``); a directory ``save_to_disk`` wrote holds the one it was saved from, and
+    ``load_from_disk`` takes no name, so the key would be ignored: an error naming ``key``."""
+    local = Path(spec.path)
+    if spec.hf_config is None or not any((local / m).is_file() for m in _SAVED_DATASET_MARKERS):
+        return
+    raise NMTError(
+        f"config key '{key}': '{spec.hf_config}', but {local} is a dataset saved with save_to_disk, which holds "
+        "the one configuration it was saved from and has no others to choose: remove the key"
+    )
+
+
 def _load_saved(path: Path, spec: CorpusConfig) -> Any:
     """A dataset written by ``save_to_disk``: Arrow files, memory-mapped, so already streamable."""
     import datasets
 
+    check_saved_config(spec)
     check_saved_split(spec)
     loaded = datasets.load_from_disk(str(path))
     if isinstance(loaded, datasets.DatasetDict):

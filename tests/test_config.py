@@ -508,7 +508,10 @@ def test_hugging_face_keys_on_a_plain_or_tsv_corpus_are_errors(tmp_path, monkeyp
     for corpus, fmt in (("a", "plain"), ("c.tsv", "tsv"), ("{path: a, format: plain}", "plain")):
         with pytest.raises(NMTError, match=f"config key 'data.train.{key}': applies to Hugging Face datasets .* {fmt}"):
             load_config(path, [f"data.train={corpus}", f"data.train.{key}={value}"])
-    assert getattr(load_config(path, ["data.train=ds", f"data.train.{key}={value}"]).data.train, key) == value
+    (tmp_path / "files").mkdir()  # a directory of data files: load_dataset takes a configuration name for it
+    (tmp_path / "files" / "train.jsonl").write_text('{"de": "x", "en": "y"}\n')
+    hf = "files" if key == "hf_config" else "ds"  # save_to_disk output has no configurations to choose
+    assert getattr(load_config(path, [f"data.train={hf}", f"data.train.{key}={value}"]).data.train, key) == value
 
 
 def test_a_split_of_a_saved_dataset_without_splits_is_an_error_naming_the_key(tmp_path, monkeypatch):
@@ -521,6 +524,20 @@ def test_a_split_of_a_saved_dataset_without_splits_is_an_error_naming_the_key(tm
     with pytest.raises(NMTError, match="config key 'data.dev.split': split 'validation', but .*single holds one"):
         load_config(path)
     assert load_config(path, ["data.dev.split=train"]).data.dev.split == "train"
+
+
+@pytest.mark.parametrize("split", ["train", "dev", "test"])
+def test_a_configuration_named_for_a_saved_dataset_is_an_error_naming_the_key(tmp_path, monkeypatch, split):
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.chdir(tmp_path)
+    for name in ("a.de", "a.en"):
+        (tmp_path / name).write_text("x\n")
+    splits = {"train": datasets.Dataset.from_dict({"de": ["x"], "en": ["y"]})}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "saved"))
+    path = write(tmp_path, "data: {train: a, dev: a, test: a}\ntrain: {max_minutes: 5}\n")
+    with pytest.raises(NMTError, match=f"config key 'data.{split}.hf_config': 'de-en', but .*saved is a dataset saved"):
+        load_config(path, [f"data.{split}=saved", f"data.{split}.hf_config=de-en"])
+    assert getattr(load_config(path, [f"data.{split}=saved"]).data, split).path == str(tmp_path / "saved")
 
 
 def test_hugging_face_keys_at_their_defaults_are_accepted_on_any_corpus(tmp_path):

@@ -331,6 +331,21 @@ def test_hf_split_of_a_saved_dataset_without_splits_is_an_error(tmp_path):
     )
 
 
+@pytest.mark.parametrize("saved", ["Dataset", "DatasetDict"])
+def test_hf_config_of_a_saved_dataset_is_an_error(tmp_path, saved):
+    # load_from_disk takes no configuration name: the one saved would be read whatever the key said.
+    datasets = pytest.importorskip("datasets")
+    dataset = datasets.Dataset.from_dict({"de": DE, "en": EN})
+    (dataset if saved == "Dataset" else datasets.DatasetDict({"train": dataset})).save_to_disk(str(tmp_path / "ds"))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en") == (DE, EN)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds"), hf_config="de-en"), "de", "en")
+    assert _one_line(err) == (
+        f"config key 'hf_config': 'de-en', but {tmp_path / 'ds'} is a dataset saved with save_to_disk, which holds "
+        "the one configuration it was saved from and has no others to choose: remove the key"
+    )
+
+
 def test_hf_named_columns_and_missing_column(tmp_path):
     datasets = pytest.importorskip("datasets")
     datasets.Dataset.from_dict({"source": DE, "target": EN}).save_to_disk(str(tmp_path / "ds"))
