@@ -101,6 +101,20 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
     return payload
 
 
+def model_bytes(path: Path) -> int | None:
+    """The bytes the model's tensors in checkpoint ``path`` take once loaded (a tied tensor once),
+    memory-mapped, not read; None where the file cannot be read so (``load`` then says why)."""
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception:  # noqa: BLE001 - torch raises many types for bad files
+        return None
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict):
+        return None
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.values()}
+    return sum(storages.values())
+
+
 def best_rank(bleu: float, loss: float | None) -> tuple[float, float]:
     """How validations rank for the best checkpoint and for patience: the higher dev BLEU, and at
     equal BLEU the lower dev loss (early in training BLEU ties at 0 while the loss falls). A loss not

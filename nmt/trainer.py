@@ -39,6 +39,7 @@ from nmt.errors import NMTError, SharedError
 from nmt.files import atomic_write_bytes, naming
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
+from nmt.model_memory import check_training_fits
 from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
@@ -262,6 +263,14 @@ class Trainer:
         )
         cfg = self.cfg
         tok = self.data.trg_tok
+        # Before anything of the model's size is allocated (auto's measurement builds one layer of it):
+        # a model that cannot fit is one line, not the OOM killer's silent exit 137.
+        distributed.agree(
+            world,
+            lambda: check_training_fits(
+                cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id, self.device, self._ranks_here()
+            ),
+        )
         if self.device.type == "cpu":  # after the data, before the first product (auto's measurement)
             self._size_kernel_cache()
         self.choice = self._choose_kernels(tok.vocab_size)
@@ -302,6 +311,11 @@ class Trainer:
             f"model: {cfg.model.type}, {self.model.num_parameters() / 1e6:.2f}M parameters; device "
             f"{self.device}{ranks}, precision {self.precision.name}; {len(self.data.train)} training pairs"
         )
+
+    def _ranks_here(self) -> int:
+        """The training processes that share this process's memory: those on its machine on a CPU;
+        on GPUs each rank has its own."""
+        return self.world.local_world_size if self.world.enabled and self.device.type == "cpu" else 1
 
     def _take_run(self, config_file, early: list[str], resume: bool) -> None:
         """Rank 0: the run's lock (refusing a config that cannot resume it, and, where ``resume``, a

@@ -23,6 +23,7 @@ from nmt.device import (
     select_device,
 )
 from nmt.errors import NMTError
+from nmt.model_memory import check_weights_fit, size_keys
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
 from nmt.rundir import RunDir
@@ -255,6 +256,9 @@ def load_translator(
     # The run's precision is only a runtime setting for decoding (checkpoints hold fp32 weights):
     # one this device lacks (fp16 trained on a GPU, bf16 on a CPU with bf16 units) gives way to auto.
     unusable = None if precision_name is not None else precision_problem(cfg.train.precision, device.type, bf16)
+    # Before the checkpoint is read: a model whose weights alone cannot fit here fails in one line.
+    keys = size_keys(cfg.model, src_tok.vocab_size, trg_tok.vocab_size)
+    check_weights_fit(checkpoint.model_bytes(path), device, path, keys)
     payload = checkpoint.load(path)
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)

@@ -648,6 +648,35 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path
         main(["translate", "--model", str(tmp_path)])
 
 
+def test_a_model_whose_weights_cannot_fit_is_refused_before_its_checkpoint_is_read(trained_run, monkeypatch, capsys):
+    import nmt.checkpoint
+    import nmt.model_memory
+    from nmt.models import build_model
+    from nmt.rundir import RunDir
+
+    run = trained_run / "run"
+    cfg = RunDir(run).config()
+    path = RunDir(run).model_checkpoint(cfg, "auto")
+    weights = sum(p.numel() * 4 for p in build_model(cfg.model, 60, 60, 0).parameters())  # a tied one once
+    src = trained_run / "data" / "train.de"
+    monkeypatch.setattr(nmt.model_memory, "memory_bytes", lambda: weights)  # just enough: translates
+    code, out, _ = run_cli(["translate", "--model", run, "--input", src, "--beam-size", "1"], capsys)
+    assert code == 0 and out.splitlines() == [t for _, t in PAIRS]
+
+    def load(*args, **kwargs):
+        raise AssertionError("the checkpoint was read")
+
+    monkeypatch.setattr(nmt.model_memory, "memory_bytes", lambda: weights - 1)
+    monkeypatch.setattr(nmt.checkpoint, "load", load)
+    code, _, err = run_cli(["translate", "--model", run, "--input", src], capsys)
+    assert code == 2 and len(err.splitlines()) == 1
+    assert err == (
+        f"nmt translate: error: {path}: the model is too large to load here (model.d_model 64, model.ff_size 128, "
+        "model.encoder_layers 1, model.decoder_layers 1, tokenizer.vocab_size 60): its weights alone take "
+        f"{weights / 1e9:.2g} GB, more than the {(weights - 1) / 1e9:.2g} GB of memory this process may use\n"
+    )
+
+
 def test_compare_says_when_runs_translate_different_test_sets(trained_run, tmp_path, capsys):
     import shutil
 
