@@ -74,17 +74,51 @@ def recorded_digest(path: Path) -> str | None:
         return None
 
 
-def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
-    """Load and verify a checkpoint; any problem is an NMTError naming the file."""
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise NMTError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
+class CheckpointGone(NMTError):
+    """The checkpoint file is not there (any more): a trainer keeping fewer deleted it, say."""
+
+
+_READ_ATTEMPTS = 20  # a trainer rewrites a file in milliseconds: more than this many in one read is no race
+
+
+def _sidecar_digest(path: Path) -> str | None:
+    """The digest in ``path``'s sidecar, or None where it has none (not written yet, or just removed)."""
     sidecar = path.with_name(path.name + ".sha256")
-    if sidecar.exists():
-        expected = sidecar.read_text().strip()
-        if hashlib.sha256(data).hexdigest() != expected:
-            raise NMTError(f"{path}: checkpoint is corrupted or truncated (checksum mismatch)")
+    try:
+        return sidecar.read_text().strip()
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError) as e:
+        reason = getattr(e, "strerror", None) or e
+        raise NMTError(f"{sidecar}: cannot read the checkpoint's checksum ({reason})") from None
+
+
+def _read_with_digest(path: Path) -> tuple[bytes, str | None]:
+    """The bytes of ``path`` and the digest its sidecar records for exactly those bytes (None: no sidecar).
+
+    A trainer may write the file again (``save``: old digest removed, file replaced, new digest
+    written) or remove it (file, then digest) as it is read: the digest is read before and after
+    the file, and only one that did not change in between belongs to the bytes read."""
+    for _ in range(_READ_ATTEMPTS):
+        before = _sidecar_digest(path)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            raise CheckpointGone(f"{path}: cannot read checkpoint (No such file or directory)") from None
+        except OSError as e:
+            raise NMTError(f"{path}: cannot read checkpoint ({e.strerror or e})") from None
+        after = _sidecar_digest(path)
+        if before == after:
+            return data, after
+    raise NMTError(f"{path}: checkpoint is being written again and again as it is read; try again")
+
+
+def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
+    """Load and verify a checkpoint; any problem is an NMTError naming the file (``CheckpointGone``
+    where the file is not there)."""
+    data, expected = _read_with_digest(path)
+    if expected is not None and hashlib.sha256(data).hexdigest() != expected:
+        raise NMTError(f"{path}: checkpoint is corrupted or truncated (checksum mismatch)")
     if not zipfile.is_zipfile(io.BytesIO(data)):  # torch.save writes a zip archive
         raise NMTError(f"{path}: not a checkpoint (not a PyTorch archive); the file is damaged or another kind of file")
     try:

@@ -2,6 +2,7 @@
 
 import os
 import pickle
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,6 +51,36 @@ def test_a_sidecar_that_cannot_be_written_leaves_the_new_file_loadable(tmp_path,
     with pytest.raises(NMTError, match="average_last_2.pt.sha256: could not write checkpoint"):
         checkpoint.save(payload(2.0), path)
     assert checkpoint.load(path)["progress"]["update"] == 2
+
+
+def test_a_checkpoint_written_again_as_it_is_read_loads_whole(tmp_path, monkeypatch):
+    # 'nmt translate' reading average_last_2.pt just as training's end (or 'nmt average') writes it
+    # again: the bytes read are the old file's, the digest found after them the new one's.
+    path = tmp_path / "average_last_2.pt"
+    checkpoint.save(payload(1.0), path)
+    read_bytes = Path.read_bytes
+
+    def read_then_written_again(self: Path) -> bytes:
+        data = read_bytes(self)
+        if self == path and not written_again:
+            written_again.append(self)
+            checkpoint.save(payload(2.0), path)
+        return data
+
+    written_again: list[Path] = []
+    monkeypatch.setattr(Path, "read_bytes", read_then_written_again)
+    assert checkpoint.load(path)["progress"]["update"] == 2
+    assert written_again
+
+
+def test_a_checksum_file_that_cannot_be_read_is_one_line(tmp_path):
+    path = tmp_path / "best_00000001.pt"
+    checkpoint.save(payload(1.0), path)
+    sidecar = path.with_name(path.name + ".sha256")
+    sidecar.unlink()
+    sidecar.mkdir()
+    with pytest.raises(NMTError, match=r"best_00000001.pt.sha256: cannot read the checkpoint's checksum"):
+        checkpoint.load(path)
 
 
 def test_truncated_checkpoint_detected(tmp_path):
