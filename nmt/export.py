@@ -308,7 +308,6 @@ def export_run(
 ) -> Path:
     """Export the checkpoint ``nmt translate`` would use (``RunDir.model_checkpoint``), checked against
     the run's config and tokenizer; reads the run only."""
-    from nmt import checkpoint
     from nmt.files import check_outside_runs
     from nmt.models import build_model
     from nmt.rundir import RunDir
@@ -321,7 +320,7 @@ def export_run(
     check_exportable(cfg.model, quantization)
     path = run.model_checkpoint(cfg)
     src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
-    payload = checkpoint.load(path)
+    path, payload = run.load_model_checkpoint(cfg, "auto", path)
     run.check_checkpoint(path, payload, cfg, build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, PAD_ID))
     out = export_ctranslate2(payload["model"], cfg.model, src_tok, trg_tok, out_dir, quantization, cfg.decode)
     if log is not None:

@@ -46,6 +46,8 @@ from nmt.tensorboard import TENSORBOARD_DIR
 from nmt.tokenizer import record_path
 
 CONFIG = "config.yaml"
+_CHOICES = ("auto", "best", "last", "average")  # the checkpoints --checkpoint names by role
+_PICK_ATTEMPTS = 10  # a trainer deletes one file per validation: more in one pick is no race
 _HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
 
 # Sections whose change makes a checkpoint unusable; everything else may change on resume.
@@ -394,6 +396,31 @@ class RunDir:
         if path is None:
             raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
         return path
+
+    def load_model_checkpoint(self, cfg: Config, which: str = "auto", chosen: Path | None = None) -> tuple[Path, dict]:
+        """The checkpoint ``which`` names (``model_checkpoint``; ``chosen`` where the caller has picked
+        it already) and its loaded payload. A run being trained deletes best and training-state
+        checkpoints as it writes better and newer ones (``keep_best``, ``keep_last``): one deleted
+        after it was picked is picked again, so a reader gets the run's choice as it is now, never an
+        error for a file the trainer has just replaced."""
+        from nmt.checkpoint import CheckpointGone, load
+
+        path = chosen or self.model_checkpoint(cfg, which)
+        for _ in range(_PICK_ATTEMPTS):
+            try:
+                return path, load(path)
+            except CheckpointGone:
+                if which not in _CHOICES:  # a file named on the command line: no other will do
+                    writer = self.writer()
+                    if writer is None:
+                        raise
+                    raise NMTError(
+                        f"--checkpoint {which}: {path} was deleted as it was read by the 'nmt train' writing "
+                        f"the run ({writer}), which keeps train.keep_best best and train.keep_last newest "
+                        "checkpoints: give auto, best, last or average"
+                    ) from None
+            path = self.model_checkpoint(cfg, which)
+        return path, load(path)
 
     def retune_note(self, loaded: Path, which: str, decode: DecodeConfig, loaded_by: str) -> str | None:
         """A note where ``decode``'s beam size and length penalty are the pair 'nmt tune-decode' chose

@@ -259,7 +259,7 @@ def load_translator(
     # Before the checkpoint is read: a model whose weights alone cannot fit here fails in one line.
     keys = size_keys(cfg.model, src_tok.vocab_size, trg_tok.vocab_size)
     check_weights_fit(checkpoint.model_bytes(path), device, path, keys)
-    payload = checkpoint.load(path)
+    path, payload = run.load_model_checkpoint(cfg, which, path)
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)
     model.load_state_dict(payload["model"])

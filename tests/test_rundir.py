@@ -121,6 +121,34 @@ def test_readers_never_delete_or_write_in_the_run(trained, tmp_path):
     assert snapshot(run) == before
 
 
+@pytest.mark.parametrize("which", ["auto", "best"])
+def test_a_best_checkpoint_the_trainer_replaces_as_translate_picks_it_gives_the_new_best(
+    trained, tmp_path, monkeypatch, capsys, which
+):
+    """With the default keep_best 1 every better validation deletes the best before it: a translate
+    that picked that one just before gets the new best, not 'cannot read checkpoint'."""
+    from nmt import checkpoint, translate
+
+    run = copy_run(trained, tmp_path)
+    checkpoints = checkpoint.CheckpointManager(run / "checkpoints", keep_last=2, keep_best=1, clean=False)
+    picked = checkpoints.best_path()
+    load_tokenizers = translate.load_tokenizers
+
+    def trainer_writes_a_better_one(*paths):
+        if picked.exists():
+            checkpoints.save_best(checkpoint.load(picked), 999, score=1000.0)  # deletes the one picked
+        return load_tokenizers(*paths)
+
+    monkeypatch.setattr(translate, "load_tokenizers", trainer_writes_a_better_one)
+    source = trained / "data" / "train.de"
+    code = main(["translate", "--model", str(run), "-i", str(source), "--checkpoint", which, "--beam-size", "1"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert not picked.exists() and len(out.splitlines()) == len(PAIRS)
+    loaded = translate.load_translator(RunDir.existing(run), "cpu", which=which)
+    assert loaded.checkpoint.name == "best_00000999.pt"
+
+
 # ---------------------------------------------------------------------------- outputs and inputs
 
 
