@@ -151,7 +151,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     from nmt.translate import load_translator
 
     cfg = run.config_reading("dev")
-    run.lock(log)
+    run.lock(log, "average")
     try:
         translator = load_translator(run, device, None, log, which="last")
         dev_src, dev_trg, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))

@@ -59,13 +59,13 @@ class RunLock:
     """An advisory lock on ``path`` (flock): held while the process lives, released by the kernel
     when it dies, however it dies, so a stale lock never blocks a resume. On a shared file system
     (NFS) Linux maps flock to the server's byte-range locks, so it excludes other machines too.
-    The file names the holder (host and pid) for the error a second trainer gets."""
+    The file names the holder (command, host and pid) for the error a second writer gets."""
 
     def __init__(self, path: Path):
         self.path = path
         self._fd: int | None = None
 
-    def acquire(self, run_dir: Path, warn: Callable[[str], None]) -> None:
+    def acquire(self, run_dir: Path, warn: Callable[[str], None], command: str = "train") -> None:
         try:
             import fcntl
         except ImportError:  # not POSIX
@@ -81,10 +81,11 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            holder, who = _holder_note(os.pread(fd, 512, 0))
             os.close(fd)
+            doing = "training" if holder == "nmt train" else "writing"
             raise NMTError(
-                f"{run_dir}: another 'nmt train' is training this run ({holder}); "
+                f"{run_dir}: another '{holder}' is {doing} this run ({who}); "
                 "wait for it to finish or stop it, or use another run_dir"
             ) from None
         except OSError as e:  # a file system without locks
@@ -92,7 +93,8 @@ class RunLock:
             warn(f"{run_dir}: cannot lock the run directory ({e.strerror}); do not train it twice at once")
             return
         self._fd = fd
-        holder = f"host {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n"
+        # The command on a line of its own: an earlier version's note is the second line alone.
+        holder = f"nmt {command}\nhost {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n"
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, holder.encode(), 0)
@@ -110,7 +112,8 @@ class RunLock:
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as the file closes
         except BlockingIOError:
-            return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "another process"
+            holder, who = _holder_note(os.pread(fd, 512, 0))
+            return f"'{holder}', {who}"
         except OSError:  # a file system without locks
             return None
         finally:
@@ -415,8 +418,8 @@ class RunDir:
                     if writer is None:
                         raise
                     raise NMTError(
-                        f"--checkpoint {which}: {path} was deleted as it was read by the 'nmt train' writing "
-                        f"the run ({writer}), which keeps train.keep_best best and train.keep_last newest "
+                        f"--checkpoint {which}: {path} was deleted as it was read by the process writing "
+                        f"the run ({writer}); 'nmt train' keeps train.keep_best best and train.keep_last newest "
                         "checkpoints: give auto, best, last or average"
                     ) from None
             path = self.model_checkpoint(cfg, which)
@@ -525,7 +528,9 @@ class RunDir:
 
     # -- writing
 
-    def open_for_training(self, cfg: Config, config_file: Path | None, log: Callable[[str], None]) -> Config:
+    def open_for_training(
+        self, cfg: Config, config_file: Path | None, log: Callable[[str], None], command: str = "train"
+    ) -> Config:
         """Make this process the run's one writer: create the directory, take the lock, and refuse a
         config that cannot resume the run's checkpoints. The caller records the config
         (``write_config``) once its data is prepared and its checkpoint loaded, so a start that
@@ -560,7 +565,7 @@ class RunDir:
             raise NMTError(f"{self.path}: cannot create run directory ({e.strerror})") from None
         if not os.access(self.path, os.W_OK):
             raise NMTError(f"{self.path}: run directory is not writable")
-        self.lock(log)
+        self.lock(log, command)
         if self.config_path.exists():
             if not _written_by_nmt(self.config_path) and not self._is_earlier_run():
                 raise NMTError(
@@ -648,9 +653,9 @@ class RunDir:
     def has_checkpoints(self) -> bool:
         return self.checkpoint_dir.is_dir() and any(self.checkpoint_dir.glob("*.pt"))
 
-    def lock(self, log: Callable[[str], None]) -> None:
-        """Become the run's writer without training it (``nmt average`` adds a checkpoint)."""
-        self._lock.acquire(self.path, log)
+    def lock(self, log: Callable[[str], None], command: str = "train") -> None:
+        """Become the run's writer; ``command`` (``average`` adds a checkpoint) is named to the others."""
+        self._lock.acquire(self.path, log, command)
         self.writable = True
 
     def write_config(self, cfg: Config) -> None:
@@ -669,6 +674,15 @@ class RunDir:
     def _is_earlier_run(self) -> bool:
         """A run of an earlier version, whose config.yaml has no header yet."""
         return self.checkpoint_dir.is_dir() or self.metrics_path.exists()
+
+
+def _holder_note(note: bytes) -> tuple[str, str]:
+    """The command holding a run's lock and who runs it (host, pid, since), as its note in
+    train.lock names them; a note without the command (an earlier version's) was a trainer's."""
+    lines = note.decode("utf-8", "replace").strip().splitlines()
+    if len(lines) >= 2 and lines[0].startswith("nmt "):
+        return lines[0], lines[1]
+    return "nmt train", (lines[0] if lines else "") or "another process"
 
 
 def _real(path: Path) -> Path:

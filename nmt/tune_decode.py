@@ -89,7 +89,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     for beam in beams:
         check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")
     beams = beams_for_nbest(beams, cfg.decode.nbest, log)
-    run.lock(log)
+    run.lock(log, "tune-decode")
     try:
         translator = load_translator(run, device, None, log, which)
         src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))

@@ -105,6 +105,21 @@ def test_a_killed_trainers_lock_never_blocks_the_resume(tmp_path):
     assert "resuming at update" in done.stderr
 
 
+@pytest.mark.parametrize("command", ["average", "tune-decode"])
+def test_a_trainer_refused_by_another_command_names_that_command(trained, tmp_path, capsys, command):
+    """'nmt average' and 'nmt tune-decode' hold the lock too: the refusal names them, not a trainer."""
+    run = copy_run(trained, tmp_path)
+    holder = RunDir(run)
+    holder.lock(lambda message: None, command)
+    try:
+        assert main(["train", "--config", str(run / "config.yaml")]) == 2
+        err = capsys.readouterr().err
+        assert f"another 'nmt {command}' is writing this run (host {socket.gethostname()}, pid {os.getpid()}" in err
+        assert "'nmt train'" not in err
+    finally:
+        holder.close()
+
+
 def test_readers_never_delete_or_write_in_the_run(trained, tmp_path):
     run = copy_run(trained, tmp_path)
     torn = run / "checkpoints" / ".update_00000099.pt.tmp4242"  # as a trainer writing right now leaves it
