@@ -47,7 +47,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
         raise NMTError(f"{run_dir}: the run has no training updates logged")
     writer = run.writer()
     if writer is not None:
-        log(f"warning: {run_dir} is being written ({writer}): scored at its latest checkpoint, not as finished")
+        log(f"warning: {run_dir} is being written ({writer}): scored at the checkpoint it has now, not as finished")
     cfg = run.config_reading("test")
     translator = load_translator(run, decode=cfg.decode)  # the test set is decoded with the run's own pair
     seconds = train[-1]["elapsed"]

@@ -708,7 +708,7 @@ def test_compare_warns_about_a_run_being_written(trained_run, tmp_path, capsys):
     finally:
         writer.close()
     assert code == 0, err
-    assert "is being written (host " in err and "not as finished" in err
+    assert "is being written ('nmt train', host " in err and "at the checkpoint it has now, not as finished" in err
     code, _, err = run_cli(["compare", trained_run / "run", "--out", tmp_path / "again"], capsys)
     assert code == 0 and "being written" not in err
 
