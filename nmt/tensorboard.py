@@ -3,8 +3,10 @@ TensorBoard event files in ``RUN_DIR/tensorboard/``; same interface as ``Metrics
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from nmt.errors import NMTError
@@ -31,7 +33,8 @@ class TensorBoardLog:
     def __init__(self, run_dir: Path):
         self.log_dir = Path(run_dir) / TENSORBOARD_DIR
         self._writer_class = _summary_writer_class()  # a missing package fails at start-up, not mid-run
-        threading.excepthook = _quiet_storage_errors
+        self._thread_hooks = (threading.excepthook, functools.partial(_quiet_storage_errors, threading.excepthook))
+        threading.excepthook = self._thread_hooks[1]
         self._writer = None
         self._stream = ScalarStream()
 
@@ -63,17 +66,19 @@ class TensorBoardLog:
         writer, self._writer = self._writer, None
         if writer is not None:
             try:
-                writer.close()
+                writer.close()  # its thread has ended once this returns
             except OSError:  # its last events are lost to a full disk; metrics.jsonl, the record, has them
                 pass
+        before, ours = self._thread_hooks
+        if threading.excepthook is ours:  # the process's hook, as it was before the run
+            threading.excepthook = before
 
 
-def _quiet_storage_errors(args: threading.ExceptHookArgs) -> None:
+def _quiet_storage_errors(
+    otherwise: Callable[[threading.ExceptHookArgs], object], args: threading.ExceptHookArgs
+) -> None:
     """No traceback from TensorBoard's writer thread where the disk refuses its events: the training
     loop gets the same error at its next event (``TensorBoardLog.write``) and says it in one line."""
     if storage_error(args.exc_value):
         return
-    _thread_excepthook(args)
-
-
-_thread_excepthook = threading.excepthook
+    otherwise(args)

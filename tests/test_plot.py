@@ -369,8 +369,10 @@ def test_tensorboard_events_the_disk_refuses_are_one_error_naming_the_directory(
     with pytest.raises(OSError) as raised:
         log.write(RESUMED[1])
     assert raised.value.filename == str(tmp_path / "tensorboard")
-    log.close()
     thread = threading.Thread(target=refused)  # the writer's thread itself: no traceback
     thread.start()
     thread.join()
     assert "Traceback" not in capfd.readouterr().err
+    hook = threading.excepthook
+    log.close()
+    assert threading.excepthook is not hook  # the process's own hook is back once the run ends
