@@ -148,7 +148,7 @@ def check_output(path: Path, inputs: Iterable[Path], option: str) -> None:
         raise NMTError(f"{option} {path}: is a directory, expected a file name")
     if path.exists():
         for source in inputs:
-            if source.exists() and os.path.samefile(path, source):
+            if _same_file(path, source):
                 raise NMTError(f"{option} {path}: is the input {source}; write the output to another file")
     if written_in_place(path):
         reason = _in_place_write_error(path)
@@ -178,6 +178,15 @@ def _in_place_write_error(path: Path) -> str | None:
         return e.strerror
     os.close(fd)
     return None
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    """Whether ``a`` and ``b`` are one file; not where either is gone (a checkpoint a running trainer
+    deleted between the look and the comparison is no output's input)."""
+    try:
+        return os.path.samefile(a, b)
+    except FileNotFoundError:
+        return False
 
 
 def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--out") -> None:

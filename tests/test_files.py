@@ -130,3 +130,17 @@ def test_a_partial_of_the_same_name_that_is_a_directory_is_left_alone(tmp_path):
     writer.write(["done"])
     writer.commit()
     assert out.read_text() == "done\n" and (tmp_path / "out.txt.partial").is_dir()
+
+
+def test_an_input_deleted_as_the_output_is_checked_is_not_a_traceback(tmp_path, monkeypatch):
+    # A running trainer deletes a checkpoint (keep_best) between the look and the comparison.
+    out, gone = tmp_path / "out.txt", tmp_path / "best_00000010.pt"
+    out.write_text("an older output\n")
+    gone.write_bytes(b"model")
+
+    def deleted_first(a, b):
+        Path(b).unlink(missing_ok=True)
+        raise FileNotFoundError(2, "No such file or directory", str(b))
+
+    monkeypatch.setattr(os.path, "samefile", deleted_first)
+    check_output(out, [gone], "-o")  # the output is no input: nothing to refuse
