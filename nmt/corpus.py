@@ -335,6 +335,11 @@ def _local_error(path: Path, error: BaseException) -> NMTError:
     return NMTError(f"{path}: cannot load as a dataset: {_first_line(error)}")
 
 
+def _saved_dataset(directory: Path) -> bool:
+    """Whether ``directory`` is one that ``Dataset(Dict).save_to_disk`` wrote."""
+    return any((directory / marker).is_file() for marker in _SAVED_DATASET_MARKERS)
+
+
 def check_saved_split(spec: CorpusConfig, key: str = "split") -> None:
     """A split other than the default asked of a directory ``save_to_disk`` wrote from one Dataset
     (not a DatasetDict) would be ignored, the one dataset read whatever its split: an error naming
@@ -354,7 +359,7 @@ def check_saved_config(spec: CorpusConfig, key: str = "hf_config") -> None:
     ``name``); a directory ``save_to_disk`` wrote holds the one it was saved from, and
     ``load_from_disk`` takes no name, so the key would be ignored: an error naming ``key``."""
     local = Path(spec.path)
-    if spec.hf_config is None or not any((local / m).is_file() for m in _SAVED_DATASET_MARKERS):
+    if spec.hf_config is None or not _saved_dataset(local):
         return
     raise NMTError(
         f"config key '{key}': '{spec.hf_config}', but {local} is a dataset saved with save_to_disk, which holds "
@@ -423,7 +428,7 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
     fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e, unreachable))
     try:
         with _datasets_log_quiet():
-            if is_local and any((local / m).exists() for m in _SAVED_DATASET_MARKERS):
+            if is_local and _saved_dataset(local):
                 dataset = _load_saved(local, spec)
             else:
                 unreachable = None if is_local else _hub_unreachable()
