@@ -135,15 +135,22 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
     return payload
 
 
-def model_bytes(path: Path) -> int | None:
-    """The bytes the model's tensors in checkpoint ``path`` take once loaded (a tied tensor once),
-    memory-mapped, not read; None where the file cannot be read so (``load`` then says why)."""
+def _mapped_entry(path: Path, key: str) -> dict | None:
+    """Entry ``key`` of checkpoint ``path``, a dict, its tensors memory-mapped, not read (unverified:
+    for a glance before ``load``); None where the file cannot be read so or holds no such dict."""
     try:
         state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception:  # noqa: BLE001 - torch raises many types for bad files
         return None
-    model = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(model, dict):
+    entry = state.get(key) if isinstance(state, dict) else None
+    return entry if isinstance(entry, dict) else None
+
+
+def model_bytes(path: Path) -> int | None:
+    """The bytes the model's tensors in checkpoint ``path`` take once loaded (a tied tensor once),
+    memory-mapped, not read; None where the file cannot be read so (``load`` then says why)."""
+    model = _mapped_entry(path, "model")
+    if model is None:
         return None
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in model.values()}
     return sum(storages.values())
@@ -337,12 +344,7 @@ def validation_states(directory: Path) -> list[CheckpointInfo]:
 def _state_progress(path: Path) -> dict:
     """The ``progress`` a training state holds, its tensors memory-mapped, not read; {} where the
     file cannot be read (it then counts as a validation's, as every state did before)."""
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-    except Exception:  # noqa: BLE001 - torch raises many types for bad files
-        return {}
-    progress = state.get("progress") if isinstance(state, dict) else None
-    return progress if isinstance(progress, dict) else {}
+    return _mapped_entry(path, "progress") or {}
 
 
 def last_state_recorded(directory: Path) -> int | None:
