@@ -468,10 +468,8 @@ class RunDir:
             *tokenizers,
             *(p.with_suffix(".vocab") for p in tokenizers),  # the pieces and scores, beside the model
             *(record_path(p) for p in tokenizers),
-            self.train_data_dir.parent,
-            self.checkpoint_dir,
+            *sorted(self.own_directories()),
             self.metrics_path,
-            self.path / TENSORBOARD_DIR,
             self.log_path,
             self.dev_hyp_path,
             self.tune_decode_path,
