@@ -187,6 +187,32 @@ def _setting(value: float | tuple[float, ...] | list[float]) -> float | list[flo
     return list(value) if isinstance(value, (tuple, list)) else value
 
 
+def gradient_norm(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The L2 norm of ``grads`` (one device), a tensor there, summed as clip_grad_norm_ sums it: in
+    the gradients' dtype, one kernel for all of them."""
+    if not grads:
+        return torch.zeros(())
+    return torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads, 2.0)))
+
+
+def exact_gradient_norm(grads: list[torch.Tensor]) -> float:
+    """The same norm summed in fp64, for where ``gradient_norm`` is not finite: fp32 squares overflow
+    from 1.8e19 on (fp16 ones from 256), so that norm is inf for gradients that are all finite. This
+    one is non-finite only where an element is, as the fp16 loss scaler judges an overflow."""
+    norms = [torch.linalg.vector_norm(g, dtype=torch.float64) for g in grads]
+    return torch.linalg.vector_norm(torch.stack(norms)).item() if norms else 0.0
+
+
+def clip_gradients(grads: list[torch.Tensor], max_norm: float, norm: float) -> None:
+    """Scale ``grads``, whose L2 norm is ``norm``, down to ``max_norm`` where it is larger (0: never),
+    by clip_grad_norm_'s coefficient."""
+    if max_norm <= 0:
+        return
+    coefficient = max_norm / (norm + 1e-6)
+    if coefficient < 1.0:
+        torch._foreach_mul_(grads, coefficient)
+
+
 def rank_seed(seed: int, rank: int, update: int) -> int:
     """The dropout seed of one rank's share of one update: independent of how the run was resumed."""
     return derived_seed(seed, rank * 7_919 + update)
@@ -454,10 +480,11 @@ class Trainer:
                 self.scaler.scale(loss * loss_scale / n_tokens).backward()
             sums += torch.stack([loss.detach(), nll]) * weight
         self.scaler.unscale_(self.optimizer)
-        max_norm = cfg.clip_norm if cfg.clip_norm > 0 else float("inf")
-        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        grads = [param.grad for param in self.model.parameters() if param.grad is not None]
         # One device-to-host copy per update: a GPU otherwise waits for the host after every batch.
-        loss_sum, nll_sum, grad_norm = torch.cat([sums, norm.float().reshape(1)]).tolist()
+        loss_sum, nll_sum, grad_norm = torch.cat([sums, gradient_norm(grads).float().reshape(1)]).tolist()
+        if not math.isfinite(grad_norm):  # an overflow of the sum, or of a gradient: fp64 tells which
+            grad_norm = exact_gradient_norm(grads)
         src_tokens = sum(b.n_src_tokens for b in batches) * weight
         loss_sum, nll_sum, src_tokens = distributed.all_reduce([loss_sum, nll_sum, src_tokens], world, self.device)
         if self.scaler.is_enabled() and not math.isfinite(grad_norm):
@@ -466,6 +493,7 @@ class Trainer:
         if not (math.isfinite(loss_sum) and math.isfinite(grad_norm)):
             self._skip_nonfinite()
             return None
+        clip_gradients(grads, cfg.clip_norm, grad_norm)
         self.scaler.step(self.optimizer)
         self.scaler.update()
         p.nonfinite_in_row = 0

@@ -210,6 +210,29 @@ def test_fp16_overflows_are_not_updates_and_stop_the_run_below_the_minimum_loss_
         trainer.train_step([rows])
 
 
+@pytest.mark.parametrize("precision", ["fp32", "fp16"])
+def test_finite_gradients_whose_fp32_norm_overflows_are_clipped_not_skipped(tmp_path, monkeypatch, precision):
+    """Gradients of 1e20 and more are finite, but their squares overflow fp32: clip_grad_norm_'s norm was
+    inf, so fp32 counted the update non-finite and fp16 an overflow its scaler had not seen (the scale
+    stayed, and every update was skipped). The norm is exact now, and clipping brings them to clip_norm."""
+    trainer = fp16_trainer(tmp_path, monkeypatch) if precision == "fp16" else make_trainer(tmp_path)
+    trainer.model.trg_embed.weight.register_hook(lambda grad: grad * 1e22)
+    rows = list(range(8))
+    for update in (1, 2):
+        stats = trainer.train_step([rows])
+        assert stats is not None and trainer.progress.update == update
+        grads = [p.grad.double() for p in trainer.model.parameters()]
+        assert all(bool(torch.isfinite(g).all()) for g in grads)
+        assert 1e19 < stats["grad_norm"] < math.inf
+        clipped = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads])).item()
+        assert clipped == pytest.approx(trainer.cfg.train.clip_norm, rel=1e-4)
+    assert trainer.progress.skipped_updates == 0
+    assert all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters())
+    if precision == "fp16":
+        assert trainer.scaler.get_scale() == 65536.0
+    trainer.close()
+
+
 def test_fp16_overflows_while_the_scale_calibrates_do_not_stop_the_run(tmp_path, monkeypatch):
     trainer = fp16_trainer(tmp_path, monkeypatch, max_nonfinite=1)
     calls = [0]
