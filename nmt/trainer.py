@@ -530,7 +530,12 @@ class Trainer:
         they overflow at any scale: the run has diverged."""
         p = self.progress
         self.optimizer.zero_grad(set_to_none=True)
+        before = self.scaler.get_scale()
         self.scaler.update()
+        if self.scaler.get_scale() >= before:
+            # unscale_ judged the scaled gradients, all finite: only their unscaled values overflowed,
+            # which a scale below 1 does. Halved all the same, or every update would be skipped at it.
+            self.scaler.update(before * self.scaler.get_backoff_factor())
         p.skipped_updates += 1
         scale = self.scaler.get_scale()
         self.log(f"update {p.update + 1}: fp16 gradients overflowed, skipped; loss scale now {scale:g}")

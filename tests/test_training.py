@@ -233,6 +233,25 @@ def test_finite_gradients_whose_fp32_norm_overflows_are_clipped_not_skipped(tmp_
     trainer.close()
 
 
+def test_fp16_gradients_that_overflow_only_once_unscaled_still_halve_the_scale_until_the_run_stops(
+    tmp_path, monkeypatch
+):
+    """Below a scale of 1, unscaling multiplies: scaled gradients of 3e38 are finite, so the scaler saw no
+    overflow and kept its scale, while the unscaled ones are inf and the update was skipped, forever.
+    Every skipped fp16 overflow halves the scale, and the run stops below the minimum as it should."""
+    trainer = fp16_trainer(tmp_path, monkeypatch)
+    trainer.scaler.load_state_dict({**trainer.scaler.state_dict(), "scale": 0.5})
+    trainer.model.trg_embed.weight.register_hook(lambda grad: torch.full_like(grad, 3e38))
+    rows = list(range(8))
+    for halvings in range(1, 13):  # 0.5 halved 12 times is 1.2e-4, still above the minimum
+        assert trainer.train_step([rows]) is None
+        assert trainer.scaler.get_scale() == 0.5 ** (halvings + 1)
+    assert trainer.progress.update == 0 and trainer.progress.skipped_updates == 12
+    with pytest.raises(NMTError, match=r"training diverged: the fp16 loss scale fell to 6.1e-05, below 0.0001"):
+        trainer.train_step([rows])
+    trainer.close()
+
+
 def test_fp16_overflows_while_the_scale_calibrates_do_not_stop_the_run(tmp_path, monkeypatch):
     trainer = fp16_trainer(tmp_path, monkeypatch, max_nonfinite=1)
     calls = [0]
