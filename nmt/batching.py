@@ -199,6 +199,37 @@ def token_batches(
     return plan
 
 
+def _positions(bounds: np.ndarray) -> np.ndarray:
+    """Positions in a plan's index array of the batches ``bounds`` names, batch after batch."""
+    if len(bounds) == 0:
+        return np.zeros(0, dtype=np.int64)
+    sizes = (bounds[:, 1] - bounds[:, 0]).astype(np.int64)
+    offsets = np.cumsum(sizes) - sizes
+    return np.repeat(bounds[:, 0].astype(np.int64) - offsets, sizes) + np.arange(int(sizes.sum()), dtype=np.int64)
+
+
+def rebatched_rest(
+    plan: BatchPlan,
+    done: int,
+    src_lens: Sequence[int],
+    trg_lens: Sequence[int],
+    max_tokens: int,
+    seed: int,
+    epoch: int,
+) -> BatchPlan:
+    """``plan`` with its first ``done`` batches as they are and the pairs of the others batched
+    again (``token_batches``) under ``max_tokens`` and ``seed``: an epoch whose batching changed
+    midway still trains on each of its pairs once."""
+    kept = plan.order[_positions(plan.bounds[:done])]
+    rest = np.sort(plan.order[_positions(plan.bounds[done:])])
+    src, trg = np.asarray(src_lens)[rest], np.asarray(trg_lens)[rest]
+    again = token_batches(src, trg, max_tokens, seed, epoch)
+    sizes = (plan.bounds[:done, 1] - plan.bounds[:done, 0]).astype(np.int64)
+    ends = np.cumsum(sizes)
+    bounds = np.concatenate([np.stack([ends - sizes, ends], axis=1), again.bounds + len(kept)]).astype(np.int64)
+    return BatchPlan(_index(np.concatenate([kept, rest[again.order]])), bounds.reshape(-1, 2))
+
+
 def sentence_batches(lengths: list[int], max_tokens: int) -> list[list[int]]:
     """Decoding batches sorted by source length, budget ``n * (longest src + EOS) <= max_tokens``.
 

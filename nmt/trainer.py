@@ -10,20 +10,21 @@ group is shared out among the ranks and gradients are averaged by DistributedDat
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import math
 import os
 import random
 import signal
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 
 import numpy as np
 import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
 from nmt.average import average_last, dev_bleu, dev_scorer
-from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, token_batches
+from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, rebatched_rest, token_batches
 from nmt.config import Config, TrainConfig
 from nmt.device import (
     Precision,
@@ -50,6 +51,14 @@ from nmt.translate import Translator
 # fp16 stops when its loss scale falls below this (fairseq's min_loss_scale): from torch's initial
 # 65536, 30 overflows (the scale grows back only after 2000 good updates in a row).
 MIN_LOSS_SCALE = 1e-4
+
+
+BATCHING_KEYS = ("train.max_tokens", "seed")  # what an epoch's plan is made with, besides the data
+
+
+def batching_changes(before: list[int], now: list[int]) -> str:
+    """'train.max_tokens 512 -> 1024; seed 1 -> 7' for the batching settings (BATCHING_KEYS) that differ."""
+    return "; ".join(f"{key} {a} -> {b}" for key, a, b in zip(BATCHING_KEYS, before, now) if a != b)
 
 
 def resumed_position(epoch: int, done: int, saved_batches: int, batches: int) -> tuple[int, int]:
@@ -81,6 +90,11 @@ class Progress:
     last_validated: int = -1
     world_size: int = 0  # processes (torchrun ranks) training it (0: not known, a checkpoint of an earlier version)
     update_batches: int = 0  # batches of the plan per update: train.accumulate x world_size (0: not known)
+    # How the plan of epoch ``plan_epoch`` was made: [first batch, max_tokens, seed] for each batching it
+    # had, from batch 0 on; a resume with other settings batches the pairs not yet trained on again.
+    plan_epoch: int = 0  # 0: no plan yet (or a checkpoint of an earlier version)
+    plan_batchings: list = field(default_factory=list)
+    plan_data: str = ""  # digest of the training pairs' lengths, all a plan depends on besides the above
 
     @property
     def update_epoch(self) -> int:
@@ -227,7 +241,8 @@ class Trainer:
         self.metrics: list = []  # metrics.jsonl, and TensorBoard with train.tensorboard (rank 0)
         self.progress = Progress()
         self.world = distributed.world_from_environment()
-        self._plan: tuple[int, BatchPlan] | None = None
+        self._plan: tuple[tuple, BatchPlan] | None = None  # (what it was made with, the plan)
+        self._lengths_digest: str | None = None
 
     def log(self, message: str) -> None:
         """To the console and to ``train.log`` in the run directory (rank 0 only)."""
@@ -419,25 +434,80 @@ class Trainer:
             change = horizon_change(self.run.config().train, self.cfg.train, p.update + 1, p.elapsed_seconds)
             if change is not None:
                 self.log(change)
-        batches = len(self.epoch_plan())
-        moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
-        if moved != (p.epoch, p.batch_in_epoch):
-            self.log(
-                f"the epoch now has {batches} batches, not {p.epoch_batches or 'as many as'} (train.max_tokens or the "
-                f"training data changed): continuing at epoch {moved[0]}, batch {moved[1]}"
-            )
-            p.epoch, p.batch_in_epoch = moved
+        self._continue_epoch()
 
     # -- the data of an epoch ---------------------------------------------------------------
 
     def epoch_plan(self) -> BatchPlan:
         """The batches of the current epoch, shuffled per (seed, epoch): the same on every rank and
-        after every resume."""
-        epoch = self.progress.epoch
-        if self._plan is None or self._plan[0] != epoch:
-            data, t = self.data.train, self.cfg.train
-            self._plan = (epoch, token_batches(data.src_lens, data.trg_lens, t.max_tokens, self.cfg.seed, epoch))
+        after every resume. A new epoch is batched whole with the config's settings; one a resume
+        changed them in keeps the batches it trained on and batches the rest again
+        (``Progress.plan_batchings``)."""
+        p = self.progress
+        if p.plan_epoch != p.epoch or p.plan_data != self._data_digest():
+            p.plan_epoch, p.plan_data = p.epoch, self._data_digest()
+            p.plan_batchings = [[0, *self._batching()]]
+        made_with = (p.epoch, tuple(tuple(b) for b in p.plan_batchings))
+        if self._plan is None or self._plan[0] != made_with:
+            self._plan = (made_with, self._made_plan(p.epoch, p.plan_batchings))
         return self._plan[1]
+
+    def _data_digest(self) -> str:
+        """SHA-256 of the training pairs' lengths: the same digest, the same plans for the same settings."""
+        if self._lengths_digest is None:
+            data, digest = self.data.train, hashlib.sha256()
+            for lengths in (data.src_lens, data.trg_lens):
+                digest.update(f"{lengths.dtype.str}:{lengths.size};".encode())
+                digest.update(memoryview(np.ascontiguousarray(lengths)).cast("B"))
+            self._lengths_digest = digest.hexdigest()
+        return self._lengths_digest
+
+    def _batching(self) -> list[int]:
+        """The config's settings an epoch's plan is made with (BATCHING_KEYS)."""
+        return [self.cfg.train.max_tokens, self.cfg.seed]
+
+    def _made_plan(self, epoch: int, batchings: list) -> BatchPlan:
+        data = self.data.train
+        [_, max_tokens, seed], *changes = batchings
+        plan = token_batches(data.src_lens, data.trg_lens, max_tokens, seed, epoch)
+        for done, max_tokens, seed in changes:
+            plan = rebatched_rest(plan, done, data.src_lens, data.trg_lens, max_tokens, seed, epoch)
+        return plan
+
+    def _continue_epoch(self) -> None:
+        """Where a resumed run goes on in its epoch. With the same training data, at the same batch:
+        where train.max_tokens or the seed changed, the pairs of the epoch not yet trained on are
+        batched again under the new values, so that each is trained on once in the epoch, as in
+        every other. With other training data (pairs of other lengths) the old plan cannot be made
+        again: the run goes on at the same fraction of the new data's epoch."""
+        p = self.progress
+        same_data = p.plan_data == self._data_digest() and bool(p.plan_batchings)
+        changes = batching_changes(p.plan_batchings[-1][1:], self._batching()) if p.plan_batchings else ""
+        if same_data and p.plan_epoch == p.epoch:
+            if changes:
+                p.plan_batchings.append([p.batch_in_epoch, *self._batching()])
+                plan = self.epoch_plan()
+                left = plan.bounds[p.batch_in_epoch :]
+                pairs = int((left[:, 1] - left[:, 0]).sum())
+                self.log(
+                    f"resuming with {changes}: the {pairs} pairs of epoch {p.epoch} not yet trained on are batched "
+                    f"again with the new values ({len(left)} batches left of {len(plan)}); the epochs after it are "
+                    "batched whole with them"
+                )
+            return
+        if same_data and p.batch_in_epoch == 0:
+            if changes:
+                self.log(f"resuming with {changes}: from epoch {p.epoch}, which starts now")
+            return
+        batches = len(self.epoch_plan())
+        moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
+        if moved != (p.epoch, p.batch_in_epoch):
+            self.log(
+                f"the epoch now has {batches} batches, not {p.epoch_batches or 'as many as'} (the training data "
+                f"or, in a checkpoint of an earlier version, train.max_tokens changed): continuing at epoch "
+                f"{moved[0]}, batch {moved[1]}"
+            )
+            p.epoch, p.batch_in_epoch = moved
 
     # -- one update -------------------------------------------------------------------------
 

@@ -7,7 +7,14 @@ import random
 import pytest
 import torch
 
-from nmt.batching import batch_shapes, make_batch, padding_fraction, sentence_batches, token_batches
+from nmt.batching import (
+    batch_shapes,
+    make_batch,
+    padding_fraction,
+    rebatched_rest,
+    sentence_batches,
+    token_batches,
+)
 
 PAD, BOS, EOS = 0, 2, 3
 
@@ -34,6 +41,17 @@ def test_every_index_exactly_once_and_budget_respected(seed):
     assert all(_padded_size(b, src, trg) <= 500 for b in batches)
     # Greedy cutting should fill batches reasonably, not emit one sentence per batch.
     assert len(batches) < 3000 / 5
+
+
+@pytest.mark.parametrize("done", [0, 40, 290])
+def test_a_plan_batched_again_midway_keeps_its_first_batches_and_uses_every_index_once(done):
+    src, trg = _lengths(3000)
+    plan = token_batches(src, trg, max_tokens=500, seed=7, epoch=2)
+    again = rebatched_rest(plan, done, src, trg, max_tokens=200, seed=9, epoch=2)
+    assert all((a == b).all() for a, b in zip(again[:done], plan[:done]))
+    assert sorted(i for b in again for i in b.tolist()) == list(range(3000))
+    assert all(_padded_size(b.tolist(), src, trg) <= 200 for b in again[done:])
+    assert len(again) - done > len(plan) - done  # smaller batches: more of them for the same pairs
 
 
 def test_budget_counts_the_extra_special_token():

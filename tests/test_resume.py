@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import PAIRS, tiny_config
 
 from nmt import checkpoint, testhooks
 from nmt.cli import main
@@ -178,9 +178,43 @@ def test_resume_with_bigger_batches_goes_on_where_the_old_ones_left_off(tmp_path
     bigger = ["--set", "train.max_tokens=1024", "--set", "train.max_updates=12"]
     assert main(["train", "--config", str(config), *bigger]) == 0
     err = capsys.readouterr().err
-    assert "train.max_tokens or the training data changed" in err and "ZeroDivision" not in err
+    assert "resuming with train.max_tokens 40 -> 1024: the " in err and "ZeroDivision" not in err
     update, _ = final_weights(tmp_path / "run")
     assert update == 12
+
+
+def record_epochs(monkeypatch) -> dict[int, list[int]]:
+    """The corpus indices each update trains on, by the epoch they come from, over every start."""
+    trained: dict[int, list[int]] = {}
+    step = Trainer.train_step
+
+    def recording(self, group):
+        trained.setdefault(self.progress.epoch, []).extend(i for rows in group for i in rows.tolist())
+        return step(self, group)
+
+    monkeypatch.setattr(Trainer, "train_step", recording)
+    return trained
+
+
+def test_an_epoch_resumed_with_other_batches_and_seed_trains_on_each_of_its_pairs_once(tmp_path, monkeypatch, capsys):
+    # Stopped after 2 of epoch 1's batches; resumed with smaller batches and another seed, stopped again
+    # in that epoch, and resumed with them again: the epoch's plan is made the same way on each start.
+    trained = record_epochs(monkeypatch)
+    config = tiny_config(tmp_path, max_updates=2, validate_every=100, max_tokens=24, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    assert (state["epoch"], state["batch_in_epoch"]) == (1, 2) and state["epoch_batches"] > 2
+    capsys.readouterr()
+    changed = ["--set", "train.max_tokens=10", "--set", "seed=11"]
+    assert main(["train", "--config", str(config), *changed, "--set", "train.max_updates=4"]) == 0
+    assert checkpoint.load(final_path(tmp_path / "run"))["progress"]["epoch"] == 1
+    err = capsys.readouterr().err
+    assert "resuming with train.max_tokens 24 -> 10; seed 3 -> 11: the " in err
+    assert "pairs of epoch 1 not yet trained on are batched again with the new values" in err
+    assert main(["train", "--config", str(config), *changed, "--set", "train.max_updates=20"]) == 0
+    assert "resuming with" not in capsys.readouterr().err  # the settings it went on with are the run's now
+    assert sorted(trained[1]) == list(range(len(PAIRS)))
+    assert sorted(trained[2]) == list(range(len(PAIRS)))
 
 
 def test_adamw_settings_changed_on_resume_are_the_ones_the_optimizer_goes_on_with(tmp_path, capsys):
