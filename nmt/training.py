@@ -55,6 +55,9 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update."""
     trainer.setup(config_file=config_file)
     p = trainer.progress
+    note = extended_past_its_last_validation(trainer.cfg.train, p)
+    if note is not None:
+        trainer.log(note)
     with SignalGuard() as signals, saved_if_a_peer_is_lost(trainer):
         reason = run_loop(trainer, signals)
         trainer.log(f"stopping: {reason}")
@@ -131,6 +134,22 @@ def stop_reason(t: TrainConfig, p: Progress) -> str | None:
             "nor an equal one with a lower dev loss)"
         )
     return None
+
+
+def extended_past_its_last_validation(t: TrainConfig, p: Progress) -> str | None:
+    """The warning a run resumed to train on logs where it had ended at an update off the
+    ``validate_every`` grid: the validation it ended with, which a run left alone to the new end
+    does not make, stays one of its validations (patience, best and kept checkpoints). None otherwise."""
+    if p.update == 0 or p.last_validated != p.update or p.update % t.validate_every == 0:
+        return None
+    if stop_reason(t, p) is not None:
+        return None
+    return (
+        f"warning: the run ended at update {p.update} with a validation off train.validate_every {t.validate_every}, "
+        f"which a run trained to the new end without stopping does not make; it stays one of this run's: it counts "
+        f"for train.patience ({p.bad_validations} without improvement now) and may be kept by train.keep_last, "
+        "keep_best and average_last"
+    )
 
 
 def validation_due(t: TrainConfig, p: Progress) -> bool:

@@ -496,3 +496,18 @@ def test_extending_a_run_decayed_over_its_time_budget_warns_of_the_rate_it_goes_
     records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     [resumed] = [r for r in records if r["type"] == "train" and r["update"] == update + 1]
     assert resumed["lr"] == pytest.approx(5e-3)  # the documented formula, kept
+
+
+@pytest.mark.parametrize("first_end, warned", [(7, True), (5, False)])
+def test_a_run_extended_from_an_end_off_the_validation_grid_warns_that_its_last_validation_stays(
+    tmp_path, capsys, first_end, warned
+):
+    config = tiny_config(tmp_path, max_updates=10, validate_every=5, warmup_updates=1, patience=4)
+    assert main(["train", "--config", str(config), "--set", f"train.max_updates={first_end}"]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(config)]) == 0
+    err = capsys.readouterr().err
+    note = "warning: the run ended at update 7 with a validation off train.validate_every 5"
+    assert (note in err) == warned and err.count("warning: the run ended") == int(warned)
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=10"]) == 0
+    assert "warning: the run ended" not in capsys.readouterr().err  # a finished run stays finished: nothing to say
