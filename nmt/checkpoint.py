@@ -222,7 +222,20 @@ class CheckpointManager:
         index = self.read_index()
         atomic_write_bytes(self.index_path, json.dumps({**index, "last_state": update}, indent=1).encode())
         self._remove_old_states(update, written_by_validation(payload.get("progress", {})))
+        self._remove_extra_best()
         return path
+
+    def _remove_extra_best(self) -> None:
+        """Best checkpoints past ``keep_best``: there only where keep_best was lowered on resume, which
+        holds from the next state written, as keep_last does, not from the next new best."""
+        index = self.read_index()
+        best = sorted(index.get("best", []), key=_rank, reverse=True)
+        if len(best) <= self.keep_best:
+            return
+        kept, dropped = best[: self.keep_best], best[self.keep_best :]
+        atomic_write_bytes(self.index_path, json.dumps({**index, "best": kept}, indent=1).encode())
+        for b in dropped:
+            _remove(self.directory / b["file"])
 
     def _remove_old_states(self, newest: int, newest_validated: bool) -> None:
         """``keep_last`` counts the states validations wrote, the ones a run left alone has. A state

@@ -136,6 +136,19 @@ def test_manager_keeps_last_k_and_best_n(tmp_path):
     assert m.best_path().name == "best_00000002.pt"
 
 
+def test_a_keep_best_lowered_on_resume_holds_from_the_next_state_written_as_keep_last_does(tmp_path):
+    before = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=3)
+    for update, score in ((1, 10.0), (2, 20.0), (3, 30.0)):
+        assert before.save_best(payload(float(update)), update, score=score)
+        before.save_state(payload(float(update)), update)
+    # Resumed with keep_best 1 and keep_last 1; its next validation is no new best, so nothing is saved as one.
+    after = checkpoint.CheckpointManager(tmp_path, keep_last=1, keep_best=1)
+    after.save_state(payload(4.0), 4)
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "update")] == [4]
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [3]
+    assert [b["file"] for b in after.read_index()["best"]] == ["best_00000003.pt"]
+
+
 def training_state(update: int, validated: bool = True) -> dict:
     """A training state as a validation writes it, or (``validated`` False) as a signal between two does."""
     progress = {"update": update, "last_validated": update if validated else update - 1}
