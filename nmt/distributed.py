@@ -86,6 +86,47 @@ def init(world: World, device: torch.device) -> None:
         _joined = True
 
 
+# Keys that name files: a machine may see the same files under other paths (another mount point,
+# or a config file in another directory, against which relative paths are resolved).
+PATH_KEYS = frozenset({"run_dir", "data.train.path", "data.dev.path", "data.test.path"})
+
+
+def _flat(values: dict, prefix: str = "") -> dict[str, Any]:
+    """``values`` (a config as nested dicts) as {"train.lr_peak": 0.001, ...}."""
+    flat: dict[str, Any] = {}
+    for key, value in values.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def config_differences(rank0: dict, other: dict) -> list[str]:
+    """'key: rank 0's value, not this one' for each config key (but the paths) where two ranks differ."""
+    a, b = _flat(rank0), _flat(other)
+    keys = sorted((set(a) | set(b)) - PATH_KEYS)
+    return [f"{key} {b.get(key)!r}, not {a.get(key)!r}" for key in keys if a.get(key) != b.get(key)]
+
+
+def check_same_config(config: dict, world: World) -> None:
+    """Every rank must train with rank 0's config (paths apart): with another learning rate one rank's
+    replica drifts apart, with another batch size or seed it takes other batches, with another model
+    DDP fails in a traceback. Every rank learns every config, so all raise the same error, and rank 0
+    reports it, naming the first rank that differs and its keys."""
+    if not world.enabled:
+        return
+    configs: list[dict | None] = [None] * world.world_size
+    dist.all_gather_object(configs, config)
+    for rank, other in enumerate(configs):
+        differences = config_differences(configs[0] or {}, other or {})
+        if differences:
+            raise SharedError(
+                f"rank {rank} was given another config than rank 0 ({'; '.join(differences)}): give every "
+                "rank the same config file and --set options"
+            )
+
+
 def shutdown() -> None:
     global _solo_work_group
     if dist.is_initialized():

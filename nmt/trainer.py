@@ -25,7 +25,7 @@ import torch
 from nmt import autotune, checkpoint, distributed, testhooks
 from nmt.average import average_last, dev_bleu, dev_scorer
 from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, rebatched_rest, token_batches
-from nmt.config import Config, TrainConfig
+from nmt.config import Config, TrainConfig, config_to_dict
 from nmt.device import (
     Precision,
     adamw,
@@ -292,6 +292,7 @@ class Trainer:
             self.device = torch.device("cuda", world.local_rank)
             torch.cuda.set_device(self.device)
         distributed.init(world, self.device)
+        distributed.check_same_config(config_to_dict(cfg), world)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         # Rank 0 takes the run and prepares the data while the others wait; they then find it done

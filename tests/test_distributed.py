@@ -522,3 +522,37 @@ def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_p
     start = time.monotonic()
     signal_stop = subprocess.run([sys.executable, str(script), "600", "no", "", failed], capture_output=True, text=True)
     assert signal_stop.returncode == 2 and signal_stop.stderr == "" and time.monotonic() - start < 120
+
+
+def test_a_rank_given_another_config_is_one_line_from_rank_0(setup, tmp_path):
+    # As a second machine whose copy of the config, or whose --set, says another learning rate: its
+    # replica drifted apart from rank 0's in silence (another model: a DDP traceback).
+    root, config, _, _, env = setup
+    script = tmp_path / "rank_1_differs.py"
+    script.write_text(
+        "import os, sys\nfrom nmt.cli import main\nargs = sys.argv[1:]\n"
+        "if os.environ['RANK'] == '1':\n    args += ['--set', 'train.lr_peak=0.05']\nsys.exit(main(args))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
+    cmd += ["--config", str(config), "--set", f"run_dir={tmp_path / 'run'}", "--set", "train.threads=1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert done.returncode != 0 and "[rank" not in ours, ours[-3000:]
+    assert (
+        ours.count("nmt train: error:") == 1
+        and (
+            "nmt train: error: rank 1 was given another config than rank 0 (train.lr_peak 0.05, not 0.01): give every "
+            "rank the same config file and --set options"
+        )
+        in ours
+    ), ours[-3000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+    assert "rank      : 0" in done.stderr.split("Root Cause")[1]
+
+
+def test_ranks_compare_their_configs_but_not_their_paths():
+    rank0 = {"run_dir": "/a/run", "data": {"train": {"path": "/a/train", "max_pairs": None}}, "train": {"lr": 1}}
+    elsewhere = {"run_dir": "/b/run", "data": {"train": {"path": "/b/train", "max_pairs": None}}, "train": {"lr": 1}}
+    assert distributed.config_differences(rank0, elsewhere) == []
+    other = {**elsewhere, "train": {"lr": 2}, "data": {"train": {"path": "/b/train", "max_pairs": 5}}}
+    assert distributed.config_differences(rank0, other) == ["data.train.max_pairs 5, not None", "train.lr 2, not 1"]
