@@ -269,13 +269,18 @@ def encoding_workers(asked: int | None, cpus: int, log: Callable[[str], None]) -
     return asked
 
 
-def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log) -> ShardedCorpus:
+def _binarized_train(
+    cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log, made_by_rank_0: bool = False
+) -> ShardedCorpus:
     d = cfg.data
     directory = run.train_data_dir
     tok_paths = sorted({src_tok.model_path, trg_tok.model_path})
     fingerprint = _fingerprint(cfg, tok_paths)
     index = read_index(directory)
-    if index is not None and index.get("fingerprint") == fingerprint:
+    # The other ranks of a torchrun job open what rank 0 has just prepared: another machine may see
+    # the corpus under another path, or its copy with other file times, and with its own fingerprint
+    # every rank there would encode the shards again under the others' feet.
+    if index is not None and (index.get("fingerprint") == fingerprint or made_by_rank_0):
         try:
             corpus = ShardedCorpus(directory)
         except NMTError as damage:
@@ -309,9 +314,10 @@ def _binarized_train(cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Toke
     return ShardedCorpus(directory)
 
 
-def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
+def prepare(cfg: Config, run: RunDir, log: Callable[[str], None], made_by_rank_0: bool = False) -> Prepared:
     """The run's tokenizers, training shards and dev set: made by the run's writer, then found
-    complete and only opened by everyone else (the other ranks of a torchrun job)."""
+    complete and only opened by everyone else (the other ranks of a torchrun job, which say
+    ``made_by_rank_0``: they take its shards as they are)."""
     run.train_data_dir.parent.mkdir(parents=True, exist_ok=True)
     if cfg.data.synthetic:
         from nmt.synthetic import corpus_directory, write_synthetic_corpus
@@ -325,7 +331,7 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None]) -> Prepared:
         )
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
     src_tok, trg_tok = _tokenizers(cfg, run, log)
-    train = _binarized_train(cfg, run, src_tok, trg_tok, log)
+    train = _binarized_train(cfg, run, src_tok, trg_tok, log, made_by_rank_0)
     dev = _encode_dev(cfg, src_tok, trg_tok, dev_src, dev_trg, log)
     return Prepared(src_tok, trg_tok, train, dev_src, dev_trg, dev)
 

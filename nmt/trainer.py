@@ -301,7 +301,7 @@ class Trainer:
             world, lambda: self._take_run(config_file, early, resume) if world.is_main else None, solo_work=True
         )
         self.data: Prepared = distributed.agree(
-            world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log)
+            world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log, made_by_rank_0=True)
         )
         cfg = self.cfg
         tok = self.data.trg_tok

@@ -556,3 +556,45 @@ def test_ranks_compare_their_configs_but_not_their_paths():
     assert distributed.config_differences(rank0, elsewhere) == []
     other = {**elsewhere, "train": {"lr": 2}, "data": {"train": {"path": "/b/train", "max_pairs": 5}}}
     assert distributed.config_differences(rank0, other) == ["data.train.max_pairs 5, not None", "train.lr 2, not 1"]
+
+
+def test_another_rank_opens_the_shards_rank_0_prepared_where_its_corpus_looks_other(tmp_path):
+    # A second machine's copy of the corpus (other file times; or the same files under another
+    # mount): its ranks encoded the training data again, into the shards the others had open.
+    cfg = load_config(tiny_config(tmp_path))
+    prepare(cfg, RunDir(cfg.run_dir), lambda m: None).train.close()  # as rank 0 has, before the others open it
+    index = Path(cfg.run_dir) / "data" / "train" / "index.json"
+    written = index.stat().st_mtime_ns
+    corpus = tmp_path / "data" / "train.de"
+    os.utime(corpus, ns=(corpus.stat().st_atime_ns, corpus.stat().st_mtime_ns + 10**9))
+    said: list[str] = []
+    data = prepare(cfg, RunDir(cfg.run_dir), said.append, made_by_rank_0=True)  # another rank
+    data.train.close()
+    assert index.stat().st_mtime_ns == written and len(data.train) == 8
+    assert any(m.startswith("train: reusing 8 encoded pairs") for m in said), said
+
+
+_OTHER_MACHINE = """
+import os, sys
+import nmt.prepare
+from nmt.cli import main
+if os.environ["RANK"] == "1":  # its copy of the corpus has other file times, as on another machine
+    stamps, binarize = nmt.prepare._file_stamps, nmt.prepare.binarize
+    nmt.prepare._file_stamps = lambda files: [stamp + "1" for stamp in stamps(files)]
+    def encoding(*args, **kwargs):
+        print("rank 1 encodes the training data", file=sys.stderr, flush=True)
+        return binarize(*args, **kwargs)
+    nmt.prepare.binarize = encoding
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_the_other_ranks_train_on_rank_0_s_shards_without_encoding_again(setup, tmp_path):
+    root, config, _, _, env = setup
+    script = tmp_path / "other_machine.py"
+    script.write_text(_OTHER_MACHINE)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
+    cmd += ["--config", str(config)] + [a for s in _run_dir(setup, "other-machine") for a in ("--set", s)]
+    done = subprocess.run(cmd + ["--set", "train.max_updates=2"], env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "rank 1 encodes" not in done.stderr
