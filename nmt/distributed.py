@@ -81,9 +81,24 @@ def backend_for(device: torch.device) -> str:
 def init(world: World, device: torch.device) -> None:
     global _solo_work_group, _joined
     if world.enabled and not dist.is_initialized():
-        dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
-        _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
+        try:
+            dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
+            _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
+        except dist.DistError as e:  # the ranks' store: a port taken, an address not reached; no peer was lost
+            raise NMTError(
+                f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)})"
+            ) from None
         _joined = True
+
+
+def _store_address() -> str:
+    """where the ranks meet (MASTER_ADDR:MASTER_PORT, which torchrun sets), if known."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    return f" at {address}:{port}" if address and port else ""
+
+
+def _first_line(error: BaseException) -> str:
+    return (str(error).strip().splitlines() or [type(error).__name__])[0]
 
 
 # Keys that name files: a machine may see the same files under other paths (another mount point,

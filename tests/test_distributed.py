@@ -598,3 +598,25 @@ def test_the_other_ranks_train_on_rank_0_s_shards_without_encoding_again(setup, 
     done = subprocess.run(cmd + ["--set", "train.max_updates=2"], env=env, capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 1 encodes" not in done.stderr
+
+
+def test_a_rank_that_cannot_join_the_others_says_why_not_that_a_peer_stopped(tmp_path):
+    # Ranks started with MASTER_ADDR and MASTER_PORT (a batch system, not torchrun) whose port is
+    # taken: gloo's DistNetworkError read 'rank 0: another rank stopped (see its message)'.
+    import socket
+
+    config = tiny_config(tmp_path)
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
+        env.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        cmd = [sys.executable, "-m", "nmt", "train", "--config", str(config)]
+        done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(
+        f"nmt train: error: rank 0: cannot join the other ranks at 127.0.0.1:{port} ("
+    ), done.stderr[-3000:]
+    assert "address already in use" in lines[0]
