@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NMTError, SharedError
-from nmt.signals import Interrupted, SignalPending
+from nmt.signals import Interrupted, SignalPending, terminating_signals
 
 T = TypeVar("T")
 
@@ -82,13 +82,33 @@ def init(world: World, device: torch.device) -> None:
     global _solo_work_group, _joined
     if world.enabled and not dist.is_initialized():
         try:
-            dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
-            _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
+            with _signals_end_the_process():
+                dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
+                _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
         except dist.DistError as e:  # the ranks' store: a port taken, an address not reached; no peer was lost
             raise NMTError(
                 f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)})"
             ) from None
         _joined = True
+
+
+@contextmanager
+def _signals_end_the_process() -> Iterator[None]:
+    """While the ranks join: SIGINT and SIGTERM end the process at once. It waits inside the store's
+    C++ call, where Python's handlers cannot run, for every rank, one of which may have failed before
+    joining (an error only its config or machine has): torchrun's SIGTERM, once that rank has
+    reported, was ignored, and the others ended only by its SIGKILL 30 s later. Nothing is written yet."""
+    previous = {}
+    for signum in (signal.SIGINT, *terminating_signals()):
+        try:
+            previous[signum] = signal.signal(signum, signal.SIG_DFL)
+        except ValueError:  # not the main thread
+            pass
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _store_address() -> str:

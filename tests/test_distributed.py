@@ -620,3 +620,25 @@ def test_a_rank_that_cannot_join_the_others_says_why_not_that_a_peer_stopped(tmp
         f"nmt train: error: rank 0: cannot join the other ranks at 127.0.0.1:{port} ("
     ), done.stderr[-3000:]
     assert "address already in use" in lines[0]
+
+
+def test_ranks_waiting_to_join_one_that_failed_alone_end_at_torchrun_s_sigterm(setup, tmp_path):
+    # An error only rank 1 finds before the ranks join (its own --set): it reports after its wait,
+    # and torchrun SIGTERMs rank 0, which waits in the store's C++ call for rank 1 to join. Python's
+    # handler never ran there, so rank 0 ended only by torchrun's SIGKILL 30 s later.
+    root, config, _, _, env = setup
+    script = tmp_path / "rank_1_alone.py"
+    script.write_text(
+        "import os, sys\nfrom nmt import distributed\nfrom nmt.cli import main\n"
+        "distributed.REPORT_WAIT_S = 1.0\nargs = sys.argv[1:]\n"
+        "if os.environ['RANK'] == '1':\n    args += ['--set', 'train.no_such_key=1']\nsys.exit(main(args))\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
+    cmd += ["--config", str(config), "--set", f"run_dir={tmp_path / 'run'}", "--set", "train.threads=1"]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert ours.count("nmt train: error:") == 1 and "rank 1: --set train.no_such_key=1: unknown config key" in ours
+    failures = done.stderr.split("Failures:")[1]  # rank 0's, then the root cause: rank 1's
+    assert "exitcode  : -15" in failures and "SIGKILL" not in failures, failures
+    assert time.monotonic() - start < 25
