@@ -448,6 +448,16 @@ def test_tiny_rnn_overfits_to_bleu_100(tmp_path, capsys):
     assert json.loads(out)["bleu"] == pytest.approx(100.0)
 
 
+def test_rnn_with_compile_is_a_one_line_error_before_any_work(tmp_path, capsys):
+    """torch.compile fails on the RNN's 2-layer decoder with dropout (a traceback from inductor at the
+    first update) and takes minutes per batch shape elsewhere: refused, naming the key."""
+    config = tiny_config(tmp_path, model_type="rnn", compile=True)
+    code, _, err = run_cli(["train", "--config", config], capsys)
+    assert code == 2 and "Traceback" not in err
+    assert err.strip().count("\n") == 0 and "config key 'train.compile': not for model.type 'rnn'" in err
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
 def test_compare_two_finished_runs(trained_run, tmp_path, capsys):
     rnn_dir = tmp_path / "rnn"
     config = tiny_config(rnn_dir, model_type="rnn", max_updates=20, validate_every=10)
