@@ -18,6 +18,7 @@ import yaml
 from nmt.corpus import (
     CorpusConfig,
     anchor_corpus,
+    check_local_revision,
     check_saved_config,
     check_saved_split,
     hf_keys_changed,
@@ -350,6 +351,7 @@ def _check_corpus_formats(cfg: Config) -> None:
             )
         check_saved_config(spec, f"data.{split}.hf_config")
         check_saved_split(spec, f"data.{split}.split")
+        check_local_revision(spec, f"data.{split}.revision")
 
 
 def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) -> Config:

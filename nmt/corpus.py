@@ -10,6 +10,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import re
 import socket
 import urllib.request
 import zlib
@@ -33,6 +34,7 @@ class CorpusConfig:
     path: str = ""  # prefix, .tsv file, local dataset directory, or hub dataset name
     format: Literal["auto", "plain", "tsv", "hf"] = "auto"
     hf_config: str | None = None  # hub dataset configuration, e.g. "de-en" for wmt14
+    revision: str | None = None  # hub dataset: branch, tag or commit to read (None: the default branch)
     split: str = "train"  # hub/local dataset split
     src_column: str | None = None  # one column per language; default: `translation` dict or the language code
     trg_column: str | None = None
@@ -41,7 +43,7 @@ class CorpusConfig:
 
 
 # Read by the Hugging Face reader only: a plain or TSV corpus would ignore them.
-HF_ONLY_KEYS = ("hf_config", "split", "src_column", "trg_column", "streaming")
+HF_ONLY_KEYS = ("hf_config", "revision", "split", "src_column", "trg_column", "streaming")
 
 
 def hf_keys_changed(spec: CorpusConfig) -> list[str]:
@@ -55,6 +57,7 @@ _SAVED_DATASET_MARKERS = ("dataset_dict.json", "state.json")  # written by Datas
 _BLOCK_BYTES = 1 << 22  # text is decoded 4 MiB at a time: one C-level decode per block, flat memory
 MAC_SAMPLE_BYTES = 1 << 16  # a file's first bytes, whose line ends tell whether it is an old-Mac file
 CHUNK_PAIRS = 50_000  # pairs per chunk when a caller does not choose
+_FULL_COMMIT = re.compile(r"[0-9a-f]{40}")  # a git commit hash, as the Hub names a dataset's revisions
 
 Chunk = tuple[list[str], list[str]]
 
@@ -248,16 +251,27 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else type(cause).__name__
 
 
-def _hub_where(spec: CorpusConfig) -> str:
-    return f"hub dataset '{spec.path}'" + (f" (config '{spec.hf_config}')" if spec.hf_config else "")
+def hub_where(spec: CorpusConfig) -> str:
+    """'hub dataset NAME (config C, revision R)': how messages name a hub dataset."""
+    named = [f"config '{spec.hf_config}'"] if spec.hf_config else []
+    named += [f"revision '{spec.revision}'"] if spec.revision else []
+    return f"hub dataset '{spec.path}'" + (f" ({', '.join(named)})" if named else "")
 
 
 def _hub_error(spec: CorpusConfig, error: BaseException, unreachable: str | None = None) -> NMTError:
     """One line for ``load_dataset``'s network and lookup failures (raised at load or mid-stream);
     ``unreachable`` is why the Hub could not be reached, if that was found out beforehand."""
+    import datasets.config
     from datasets.exceptions import DatasetNotFoundError, DatasetsError
 
-    where = _hub_where(spec)
+    where = hub_where(spec)
+    offline = unreachable is not None or getattr(datasets.config, "HF_HUB_OFFLINE", False)
+    if offline and isinstance(error, ValueError) and "cache" in str(error):
+        # Offline, datasets looks only in its cache, and says so without a word about the network.
+        return NMTError(
+            f"{where}: could not be downloaded; the machine seems offline, and the datasets cache does not hold it "
+            f"({_first_line(error)})"
+        )
     if isinstance(error, DatasetNotFoundError):
         return NMTError(f"{where}: not found on the Hugging Face Hub, and no local corpus of that name")
     if isinstance(error, DatasetsError):  # before OSError: some of these are FileNotFoundError subclasses
@@ -367,6 +381,46 @@ def check_saved_config(spec: CorpusConfig, key: str = "hf_config") -> None:
     )
 
 
+def check_local_revision(spec: CorpusConfig, key: str = "revision") -> None:
+    """A revision chooses a commit of a hub dataset; a local directory is read as it is now, and
+    ``load_dataset`` ignores the revision asked of it: an error naming ``key``."""
+    if spec.revision is None or not Path(spec.path).is_dir():
+        return
+    raise NMTError(
+        f"config key '{key}': '{spec.revision}', but {spec.path} is a local directory, read as it is; "
+        "a revision chooses a commit of a hub dataset: remove the key"
+    )
+
+
+def is_hub_dataset(spec: CorpusConfig, src_lang: str, trg_lang: str) -> bool:
+    """Whether ``spec`` names a dataset on the Hugging Face Hub (not a local file or directory)."""
+    return resolve_format(spec, src_lang, trg_lang) == "hf" and not Path(spec.path).is_dir()
+
+
+def hub_commit(spec: CorpusConfig) -> str:
+    """The commit of the hub dataset ``spec`` that reading it gets now: its ``revision`` (the
+    default branch if none) as the Hub resolves it, or, offline, the commit held in the ``datasets``
+    cache, which is what ``load_dataset`` reads offline. Data prepared from a hub dataset is keyed
+    by it, so that a new commit on the Hub is noticed."""
+    import datasets
+    from datasets.exceptions import DatasetsError
+
+    unreachable = _hub_unreachable()
+    try:
+        with _datasets_log_quiet(), _offline_hub() if unreachable else nullcontext():
+            builder = datasets.load_dataset_builder(spec.path, spec.hf_config, revision=spec.revision)
+    except (DatasetsError, ValueError, OSError, ConnectionError, TimeoutError) as e:
+        raise _hub_error(spec, e, unreachable) from None
+    commit = str(builder.hash)
+    if spec.revision is not None and _FULL_COMMIT.fullmatch(spec.revision) and commit != spec.revision:
+        # Offline, datasets reads the latest commit it has cached, whatever the revision asks.
+        raise NMTError(
+            f"{hub_where(spec)}: the datasets cache holds commit {commit}, not this one, and it cannot be "
+            "downloaded offline: it needs the network"
+        )
+    return commit
+
+
 def _load_saved(path: Path, spec: CorpusConfig) -> Any:
     """A dataset written by ``save_to_disk``: Arrow files, memory-mapped, so already streamable."""
     import datasets
@@ -424,6 +478,7 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
     is_local = local.is_dir()
     if not is_local and _looks_like_path(spec.path):  # not a hub name: do not ask the network for it
         raise NMTError(f"{spec.path}: no such dataset directory")
+    check_local_revision(spec)
     unreachable = None
     fail = (lambda e: _local_error(local, e)) if is_local else (lambda e: _hub_error(spec, e, unreachable))
     try:
@@ -434,7 +489,9 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
                 unreachable = None if is_local else _hub_unreachable()
                 with _offline_hub() if unreachable else nullcontext():
                     source = str(local) if is_local else spec.path
-                    dataset = datasets.load_dataset(source, spec.hf_config, split=spec.split, streaming=spec.streaming)
+                    dataset = datasets.load_dataset(
+                        source, spec.hf_config, split=spec.split, streaming=spec.streaming, revision=spec.revision
+                    )
             batches = iter(dataset.iter(batch_size=chunk))
         while True:
             with _datasets_log_quiet():  # a streamed file fails as its batch is read

@@ -12,7 +12,7 @@ import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +23,9 @@ from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
     clean_pairs,
     describe_drops,
+    hub_commit,
+    hub_where,
+    is_hub_dataset,
     iter_parallel,
     plain_paths,
     read_parallel,
@@ -84,8 +87,8 @@ def _dataset_files(directory: Path) -> list[Path]:
 
 
 def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
-    """The local files a corpus spec reads for ``langs``. A hub dataset by name has none: its shards are keyed by
-    its name, config, split and columns only, so a new revision on the Hub is not noticed."""
+    """The local files a corpus spec reads for ``langs``. A hub dataset by name has none: what is
+    made from it is keyed by the commit its revision resolves to (see ``_pinned_to_commit``)."""
     path = Path(spec.path)
     if path.is_file():
         return [path]
@@ -117,6 +120,19 @@ def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
     for p in tokenizers:
         h.update(p.read_bytes())
     return h.hexdigest()
+
+
+def _pinned_to_commit(cfg: Config, log: Callable[[str], None]) -> Config:
+    """``cfg`` with a hub training dataset's revision resolved to the commit it names now. The
+    shards' fingerprint and the tokenizers' records hold the training config, so a new commit on
+    the Hub makes them again, and every read of the corpus gets that one commit's text even if
+    the Hub moves on during preparation."""
+    d = cfg.data
+    if not is_hub_dataset(d.train, d.src_lang, d.trg_lang):
+        return cfg
+    commit = hub_commit(d.train)
+    log(f"train: {hub_where(d.train)} at commit {commit}")
+    return replace(cfg, data=replace(d, train=replace(d.train, revision=commit)))
 
 
 def _empty_corpus(split: str, spec: CorpusConfig) -> NMTError:
@@ -330,6 +346,7 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None], made_by_rank_0
             seed=cfg.data.synthetic_seed,
         )
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
+    cfg = _pinned_to_commit(cfg, log)
     src_tok, trg_tok = _tokenizers(cfg, run, log)
     train = _binarized_train(cfg, run, src_tok, trg_tok, log, made_by_rank_0)
     dev = _encode_dev(cfg, src_tok, trg_tok, dev_src, dev_trg, log)

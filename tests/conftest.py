@@ -1,6 +1,7 @@
 """Shared test data: a handful of parallel sentences and a tiny config that trains in seconds."""
 
 import errno
+import json
 import os
 from pathlib import Path
 
@@ -102,3 +103,28 @@ def refuse_writes(monkeypatch, *names: str) -> None:
         return real_open(path, mode, *args, **kw)
 
     monkeypatch.setattr(files, "open", opener, raising=False)
+
+
+def cache_hub_dataset(cache: Path, name: str, commit: str, pairs, config: str = "default") -> Path:
+    """Put commit ``commit`` of hub dataset ``name`` (``org/name``: rows with a ``translation``
+    dict) into the ``datasets`` cache ``cache``, laid out as a download from the Hub leaves it:
+    ``org___name/CONFIG/0.0.0/COMMIT``, which is what ``load_dataset`` reads offline."""
+    from datasets.packaged_modules.json.json import Json
+
+    org, short = name.split("/")
+    rows = cache / f"rows-{commit}.jsonl"
+    cache.mkdir(parents=True, exist_ok=True)
+    rows.write_text("".join(json.dumps({"translation": {"de": s, "en": t}}) + "\n" for s, t in pairs))
+    builder = Json(
+        cache_dir=str(cache / "build"),
+        dataset_name=short,
+        config_name=config,
+        hash=commit,
+        data_files={"train": str(rows)},
+    )
+    builder.download_and_prepare()
+    built = Path(builder.cache_dir)  # build/NAME/CONFIG-ID/0.0.0/COMMIT
+    target = cache / f"{org}___{short}" / config / "0.0.0" / commit
+    target.parent.mkdir(parents=True, exist_ok=True)
+    built.rename(target)
+    return target

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PAIRS, tiny_config, write_corpus
+from conftest import PAIRS, cache_hub_dataset, tiny_config, write_corpus
 
 from nmt import binarize as bz
 from nmt import testhooks
@@ -463,3 +463,37 @@ def test_workers_are_bounded_by_the_cpus_this_process_may_use(tmp_path, monkeypa
     index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
     assert index["workers"] == 1
     assert "train: data.workers 3 is more than the 1 CPU this process may use: one process per CPU" in lines
+
+
+def _offline(monkeypatch, cache: Path) -> None:
+    """No network, as HF_HUB_OFFLINE=1 gives (both libraries read it at import: set their flags)."""
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+
+
+def test_a_new_commit_of_a_hub_dataset_is_encoded_again(tmp_path, monkeypatch):
+    # Offline, load_dataset reads the latest commit in its cache: one downloaded since is new text.
+    cache = tmp_path / "cache"
+    _offline(monkeypatch, cache)
+    first = cache_hub_dataset(cache, "someorg/corpus42", "a" * 40, PAIRS)
+    cfg = load_config(tiny_config(tmp_path), ["data.train=someorg/corpus42"])
+    run = RunDir(cfg.run_dir)
+    Path(cfg.run_dir).mkdir()
+    run.lock(lambda m: None, "prepare")  # the run's writer: it may train SentencePiece again
+    lines = []
+    assert len(prepare(cfg, run, lines.append).train) == 8
+    assert f"train: hub dataset 'someorg/corpus42' at commit {'a' * 40}" in lines
+    lines.clear()
+    assert len(prepare(cfg, run, lines.append).train) == 8
+    assert any("reusing 8 encoded pairs" in line for line in lines)  # the same commit: reused
+    os.utime(first, (1, 1))  # older than the next one
+    cache_hub_dataset(cache, "someorg/corpus42", "b" * 40, PAIRS[:5])
+    lines.clear()
+    assert len(prepare(cfg, run, lines.append).train) == 5
+    assert not any("reusing" in line for line in lines)
+    assert any(f"data.train.revision: '{'a' * 40}' -> '{'b' * 40}'" in line for line in lines)  # SentencePiece too
+    run.close()

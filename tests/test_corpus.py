@@ -10,16 +10,18 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import tiny_config
+from conftest import cache_hub_dataset, tiny_config
 
 from nmt.config import CorpusConfig
 from nmt.corpus import (
     clean_pairs,
     describe_drops,
     filter_by_length,
+    hub_commit,
     iter_lines,
     iter_parallel,
     read_lines,
@@ -614,3 +616,42 @@ def test_hf_local_dataset_in_hub_schema_is_streamed_without_an_arrow_copy(tmp_pa
     spec = CorpusConfig(path=str(data_dir), streaming=False)
     assert read_parallel(spec, "de", "en") == (de, en)
     assert list(cache.rglob("*.arrow"))
+
+
+def test_hub_revision_is_read_and_offline_needs_it_cached(tmp_path, monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import huggingface_hub.constants
+
+    cache = tmp_path / "cache"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", cache)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    pairs = list(zip(DE, EN))
+    cache_hub_dataset(cache, "someorg/corpus42", "a" * 40, pairs, config="de-en")
+    spec = CorpusConfig(path="someorg/corpus42", hf_config="de-en", revision="a" * 40)
+    assert hub_commit(spec) == "a" * 40
+    assert read_parallel(spec, "de", "en") == (DE, EN)
+    # Offline, datasets would read the commit it has whatever the revision: another one is an error.
+    with pytest.raises(NMTError) as err:
+        hub_commit(replace(spec, revision="b" * 40))
+    assert _one_line(err) == (
+        f"hub dataset 'someorg/corpus42' (config 'de-en', revision '{'b' * 40}'): the datasets cache holds commit "
+        f"{'a' * 40}, not this one, and it cannot be downloaded offline: it needs the network"
+    )
+    with pytest.raises(NMTError) as err:
+        hub_commit(replace(spec, hf_config="fr-en", revision=None))
+    assert _one_line(err).startswith(
+        "hub dataset 'someorg/corpus42' (config 'fr-en'): could not be downloaded; the machine seems offline, "
+        "and the datasets cache does not hold it"
+    )
+
+
+def test_a_revision_of_a_local_dataset_directory_is_an_error(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    datasets.Dataset.from_dict({"de": DE, "en": EN}).save_to_disk(str(tmp_path / "ds"))
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds"), revision="v2"), "de", "en")
+    assert _one_line(err) == (
+        f"config key 'revision': 'v2', but {tmp_path / 'ds'} is a local directory, read as it is; "
+        "a revision chooses a commit of a hub dataset: remove the key"
+    )
