@@ -451,11 +451,13 @@ def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_
         pairs = rows["translation"]
         sides = []
         for lang in (src_lang, trg_lang):
-            missing = next((p for p in pairs if not isinstance(p, dict) or lang not in p), None)
-            if pairs and missing is not None:
-                keys = ", ".join(missing) if isinstance(missing, dict) else type(missing).__name__
+            # A null row has no text in any language: an empty pair, as a null text is.
+            missing = [p for p in pairs if p is not None and (not isinstance(p, dict) or lang not in p)]
+            if missing:
+                keys = ", ".join(missing[0]) if isinstance(missing[0], dict) else type(missing[0]).__name__
                 raise NMTError(f"{spec.path}: column 'translation' has no language '{lang}' (available: {keys})")
-            sides.append(_text([p[lang] for p in pairs], f"{spec.path}: column 'translation' (language '{lang}')"))
+            texts = [None if p is None else p[lang] for p in pairs]
+            sides.append(_text(texts, f"{spec.path}: column 'translation' (language '{lang}')"))
         return sides[0], sides[1]
     sides = []
     for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):

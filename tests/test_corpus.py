@@ -655,3 +655,11 @@ def test_a_revision_of_a_local_dataset_directory_is_an_error(tmp_path):
         f"config key 'revision': 'v2', but {tmp_path / 'ds'} is a local directory, read as it is; "
         "a revision chooses a commit of a hub dataset: remove the key"
     )
+
+
+def test_hf_translation_rows_that_are_null_are_empty_pairs(tmp_path):
+    # A null row is no text in either language: an empty pair for cleaning to drop, as a null text.
+    datasets = pytest.importorskip("datasets")
+    rows = [{"de": DE[0], "en": EN[0]}, None, {"de": None, "en": EN[2]}]
+    datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en") == ([DE[0], "", ""], [EN[0], "", EN[2]])
