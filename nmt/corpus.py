@@ -345,6 +345,19 @@ def _datasets_log_quiet() -> Iterator[None]:
             handler.removeFilter(_below_error)
 
 
+def _import_datasets(corpus: str) -> Any:
+    """The ``datasets`` package (a dependency, yet an environment may lack it): without it, one line
+    naming ``corpus``, the dataset that needs it."""
+    try:
+        import datasets
+    except ImportError:
+        raise NMTError(
+            f"{corpus}: reading a Hugging Face dataset needs the 'datasets' package, which cannot be imported: "
+            "pip install datasets"
+        ) from None
+    return datasets
+
+
 def _local_error(path: Path, error: BaseException) -> NMTError:
     return NMTError(f"{path}: cannot load as a dataset: {_first_line(error)}")
 
@@ -402,7 +415,7 @@ def hub_commit(spec: CorpusConfig) -> str:
     default branch if none) as the Hub resolves it, or, offline, the commit held in the ``datasets``
     cache, which is what ``load_dataset`` reads offline. Data prepared from a hub dataset is keyed
     by it, so that a new commit on the Hub is noticed."""
-    import datasets
+    datasets = _import_datasets(hub_where(spec))
     from datasets.exceptions import DatasetsError
 
     unreachable = _hub_unreachable()
@@ -473,7 +486,7 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
     Hub datasets and data files are read with ``streaming=True`` (unless ``streaming: false``):
     rows arrive batch by batch and nothing is converted to a full Arrow copy first.
     """
-    import datasets
+    datasets = _import_datasets(spec.path)
     from datasets.exceptions import DatasetsError
 
     local = Path(spec.path)

@@ -663,3 +663,15 @@ def test_hf_translation_rows_that_are_null_are_empty_pairs(tmp_path):
     rows = [{"de": DE[0], "en": EN[0]}, None, {"de": None, "en": EN[2]}]
     datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
     assert read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en") == ([DE[0], "", ""], [EN[0], "", EN[2]])
+
+
+def test_a_dataset_without_the_datasets_package_is_one_line(tmp_path, monkeypatch):
+    directory = tmp_path / "ds"
+    directory.mkdir()
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets raises ImportError
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(directory), format="hf"), "de", "en")
+    assert _one_line(err) == (
+        f"{directory}: reading a Hugging Face dataset needs the 'datasets' package, which cannot be imported: "
+        "pip install datasets"
+    )
