@@ -491,6 +491,8 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
 
     local = Path(spec.path)
     is_local = local.is_dir()
+    if local.is_file():
+        raise _lone_data_file(spec.path)
     if not is_local and _looks_like_path(spec.path):  # not a hub name: do not ask the network for it
         raise NMTError(f"{spec.path}: no such dataset directory")
     check_local_revision(spec)
@@ -561,6 +563,14 @@ def local_corpus_gone(spec: CorpusConfig, src_lang: str, trg_lang: str) -> bool:
     return not any(p.exists() for p in named)
 
 
+def _lone_data_file(path: str) -> NMTError:
+    # A .parquet or .jsonl file was read as a missing prefix ("no such corpus: x.parquet.de").
+    return NMTError(
+        f"{path}: a file, but neither TSV (.tsv, .tsv.gz) nor a PREFIX of plain files; "
+        "a Hugging Face data file (.parquet, .jsonl, .csv) is read from the directory holding it: name that"
+    )
+
+
 def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
     """The concrete format ('plain', 'tsv', 'hf') of a corpus spec with ``format: auto``."""
     if spec.format != "auto":
@@ -579,6 +589,8 @@ def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
         return "hf"
     if _existing_plain_file(path, src_lang) is not None:
         return "plain"
+    if Path(path).is_file():
+        raise _lone_data_file(path)
     if _looks_like_path(path) or _existing_plain_file(path, trg_lang) is not None:
         raise NMTError(f"no such corpus: {path}.{src_lang} / {path}.{trg_lang}")
     return "hf"

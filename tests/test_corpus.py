@@ -675,3 +675,17 @@ def test_a_dataset_without_the_datasets_package_is_one_line(tmp_path, monkeypatc
         f"{directory}: reading a Hugging Face dataset needs the 'datasets' package, which cannot be imported: "
         "pip install datasets"
     )
+
+
+@pytest.mark.parametrize("fmt", ["auto", "hf"])
+def test_a_lone_data_file_is_named_as_a_file_not_a_missing_corpus(tmp_path, fmt):
+    datasets = pytest.importorskip("datasets")
+    data_file = tmp_path / "train.parquet"
+    datasets.Dataset.from_dict({"de": DE, "en": EN}).to_parquet(str(data_file))
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(data_file), format=fmt), "de", "en")
+    assert _one_line(err) == (
+        f"{data_file}: a file, but neither TSV (.tsv, .tsv.gz) nor a PREFIX of plain files; "
+        "a Hugging Face data file (.parquet, .jsonl, .csv) is read from the directory holding it: name that"
+    )
+    assert read_parallel(CorpusConfig(path=str(tmp_path), format=fmt), "de", "en") == (DE, EN)
