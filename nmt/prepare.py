@@ -32,6 +32,7 @@ from nmt.corpus import (
     resolve_format,
 )
 from nmt.errors import NMTError
+from nmt.files import atomic_write_bytes
 from nmt.rundir import RunDir, config_differences
 from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 
@@ -122,17 +123,40 @@ def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
     return h.hexdigest()
 
 
-def _pinned_to_commit(cfg: Config, log: Callable[[str], None]) -> Config:
-    """``cfg`` with a hub training dataset's revision resolved to the commit it names now. The
-    shards' fingerprint and the tokenizers' records hold the training config, so a new commit on
-    the Hub makes them again, and every read of the corpus gets that one commit's text even if
-    the Hub moves on during preparation."""
+HUB_PIN = "hub_commit.json"  # in the run's data directory: the hub commit its data was made from
+
+
+def _pinned_to_commit(cfg: Config, run: RunDir, log: Callable[[str], None], keep_the_runs: bool) -> Config:
+    """``cfg`` with a hub training dataset's revision resolved to a commit. The shards' fingerprint
+    and the tokenizers' records hold the training config, so a new commit on the Hub makes them
+    again, and every read of the corpus gets that one commit's text even if the Hub moves on during
+    preparation. ``keep_the_runs`` (a resumed run, a rank opening rank 0's data): the commit the run's
+    data was made from, asking nothing of the Hub, so that a resume trains on the same text as the
+    run left alone would, offline too; a new run, or another ``revision``, asks again."""
     d = cfg.data
     if not is_hub_dataset(d.train, d.src_lang, d.trg_lang):
         return cfg
-    commit = hub_commit(d.train)
-    log(f"train: {hub_where(d.train)} at commit {commit}")
+    asked = {"path": d.train.path, "hf_config": d.train.hf_config, "revision": d.train.revision}
+    pin_path = run.train_data_dir.parent / HUB_PIN
+    pinned = _read_pin(pin_path) if keep_the_runs else None
+    if pinned is not None and pinned.get("asked") == asked and isinstance(pinned.get("commit"), str):
+        commit = pinned["commit"]
+        log(f"train: {hub_where(d.train)} at commit {commit}, the one this run's data was made from")
+    else:
+        commit = hub_commit(d.train)
+        log(f"train: {hub_where(d.train)} at commit {commit}")
+        if run.writable:
+            pin = json.dumps({"asked": asked, "commit": commit}, indent=1).encode()
+            atomic_write_bytes(pin_path, pin)
     return replace(cfg, data=replace(d, train=replace(d.train, revision=commit)))
+
+
+def _read_pin(path: Path) -> dict | None:
+    try:
+        pinned = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none yet, or unreadable: the Hub is asked
+        return None
+    return pinned if isinstance(pinned, dict) else None
 
 
 def _empty_corpus(split: str, spec: CorpusConfig) -> NMTError:
@@ -346,7 +370,7 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None], made_by_rank_0
             seed=cfg.data.synthetic_seed,
         )
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
-    cfg = _pinned_to_commit(cfg, log)
+    cfg = _pinned_to_commit(cfg, run, log, keep_the_runs=made_by_rank_0 or run.has_checkpoints())
     src_tok, trg_tok = _tokenizers(cfg, run, log)
     train = _binarized_train(cfg, run, src_tok, trg_tok, log, made_by_rank_0)
     dev = _encode_dev(cfg, src_tok, trg_tok, dev_src, dev_trg, log)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -496,4 +497,35 @@ def test_a_new_commit_of_a_hub_dataset_is_encoded_again(tmp_path, monkeypatch):
     assert len(prepare(cfg, run, lines.append).train) == 5
     assert not any("reusing" in line for line in lines)
     assert any(f"data.train.revision: '{'a' * 40}' -> '{'b' * 40}'" in line for line in lines)  # SentencePiece too
+    run.close()
+
+
+def test_a_resumed_run_keeps_the_hub_commit_its_data_was_made_from(tmp_path, monkeypatch):
+    # Resumed after a new commit reached the Hub, and then with no copy of the dataset at all
+    # (offline, cache emptied), the run trains on the text it started with, asking nothing.
+    cache = tmp_path / "cache"
+    _offline(monkeypatch, cache)
+    first = cache_hub_dataset(cache, "someorg/corpus42", "a" * 40, PAIRS)
+    cfg = load_config(tiny_config(tmp_path), ["data.train=someorg/corpus42"])
+    run = RunDir(cfg.run_dir)
+    Path(cfg.run_dir).mkdir()
+    run.lock(lambda m: None, "prepare")
+    assert len(prepare(cfg, run, lambda m: None).train) == 8
+    monkeypatch.setattr(RunDir, "has_checkpoints", lambda self: True)
+    os.utime(first, (1, 1))
+    cache_hub_dataset(cache, "someorg/corpus42", "b" * 40, PAIRS[:5])
+    for _ in range(2):
+        lines = []
+        assert len(prepare(cfg, run, lines.append).train) == 8
+        assert (
+            f"train: hub dataset 'someorg/corpus42' at commit {'a' * 40}, the one this run's data was made from"
+            in lines
+        )
+        assert any("reusing 8 encoded pairs" in line for line in lines)
+        shutil.rmtree(cache, ignore_errors=True)
+    # Another revision asked on resume is looked up, not taken from the pin.
+    with pytest.raises(NMTError, match=r"revision .v2.\): could not be downloaded; the machine seems offline"):
+        prepare(
+            load_config(tiny_config(tmp_path), ["data.train=someorg/corpus42", "data.train.revision=v2"]), run, print
+        )
     run.close()
