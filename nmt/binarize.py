@@ -74,7 +74,16 @@ def _flat(seqs: Sequence[Sequence[int]], dtype: np.dtype) -> tuple[np.ndarray, n
 
 
 def _save_npy(path: Path, array: np.ndarray) -> None:
-    atomic_write(path, lambda f: np.save(f, array, allow_pickle=False))
+    """``np.save``'s bytes, the data written by Python's file object: numpy's own write of a file
+    (``ndarray.tofile``) reports a disk that took part of the data as "N requested and M written",
+    without the errno that says why (a full disk), where Python's raises the system's error."""
+    array = np.ascontiguousarray(array)
+
+    def write(f) -> None:
+        np.lib.format.write_array_header_1_0(f, np.lib.format.header_data_from_array_1_0(array))
+        f.write(memoryview(array).cast("B"))
+
+    atomic_write(path, write)
 
 
 def _drop_unencoded(

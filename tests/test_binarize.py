@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import resource
 import shutil
 import signal
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from multiprocessing.pool import ThreadPool
 from pathlib import Path
@@ -346,6 +350,48 @@ def test_a_shard_damaged_in_place_is_a_one_line_error_not_an_index_error(tmp_pat
     assert main(["train", "--config", str(config)]) == 2
     err = capsys.readouterr().err.splitlines()[-1]
     assert "a training shard holds token id" in err and "the shard is damaged" in err and "IndexError" not in err
+
+
+@contextmanager
+def file_size_limit(limit: int) -> Iterator[None]:
+    """Writes past ``limit`` bytes of a file fail with EFBIG, as a disk that fills up mid-write fails
+    with ENOSPC: the kernel takes part of a write and refuses the rest."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the error, not the signal that kills
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+
+
+def test_a_shard_the_disk_takes_only_in_part_is_one_line_naming_the_file_and_why(tmp_path, monkeypatch, capsys):
+    """numpy's own write said "N requested and M written": neither the reason nor the file."""
+    from nmt.cli import main
+
+    real_save = bz._save_npy
+
+    def on_a_small_disk(path: Path, array: np.ndarray) -> None:
+        with file_size_limit(1024):
+            real_save(path, array)
+
+    monkeypatch.setattr(bz, "_save_npy", on_a_small_disk)
+    config = tiny_config(tmp_path)
+    write_corpus(tmp_path / "data", "train", _random_pairs(400))
+    assert main(["prepare", "--config", str(config), "--set", "data.workers=1"]) == 2
+    shard = tmp_path / "run" / "data" / "train" / "shard-00000.src.npy"
+    err = capsys.readouterr().err.splitlines()
+    reason = os.strerror(errno.EFBIG)  # "File too large"
+    assert err[-1] == f"nmt prepare: error: {shard}: cannot write the encoded training data ({reason})"
+    assert not any(path.name.startswith(".") for path in shard.parent.iterdir())  # no temporary left
+
+
+def test_a_shard_is_written_as_numpy_saves_it(tmp_path):
+    for array in (np.arange(300, dtype=np.uint16), np.zeros(0, np.int32), np.arange(12).reshape(2, 6)[:, ::2]):
+        bz._save_npy(tmp_path / "a.npy", array)
+        np.save(tmp_path / "b.npy", array, allow_pickle=False)
+        assert (tmp_path / "a.npy").read_bytes() == (tmp_path / "b.npy").read_bytes()
 
 
 @pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
