@@ -56,6 +56,9 @@ DECODE_BEAM = 4  # beams per sentence in the decoding measurement
 BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
 CACHE_FILE = "autotune.json"
 ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS", "DNNL_MAX_CPU_ISA")
+# The attention "kernel" of a model that has none to choose (the RNN: its attention is a few small
+# products of its own), so that neither the log nor a cached choice names one it does not use.
+NO_KERNEL = "none"
 
 
 @dataclass(frozen=True)
@@ -102,10 +105,14 @@ class Choice:
         threads = f", {self.threads} threads" if self.threads is not None else ""
         cpu_fp32 = self.precision == "fp32" and self.threads is not None
         library = f", fp32 matmul {self.fp32_matmul}" if cpu_fp32 else ""
-        head = f"precision {self.precision}{library}, attention {self.attention}{threads}"
+        kernel = "" if self.attention == NO_KERNEL else f", attention {self.attention}"
+        head = f"precision {self.precision}{library}{kernel}{threads}"
         attention, fp32_matmul = self.decoding()
         if (attention, fp32_matmul) != (self.attention, self.fp32_matmul):
-            head += f"; decoding with attention {attention}" + (f", fp32 matmul {fp32_matmul}" if cpu_fp32 else "")
+            parts = [] if attention == NO_KERNEL else [f"attention {attention}"]
+            parts += [f"fp32 matmul {fp32_matmul}"] if cpu_fp32 else []
+            if parts:
+                head += "; decoding with " + ", ".join(parts)
         if not self.timings:
             return f"{head} (from the config)"
         figures = "; ".join(
@@ -117,6 +124,22 @@ class Choice:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+def has_attention_kernel(model: ModelConfig) -> bool:
+    """Whether ``model`` computes attention with a kernel to choose (``train.attention``): the Transformer."""
+    return model.type == "transformer"
+
+
+def for_model(request: Request, model: ModelConfig) -> Request:
+    """``request`` with no attention kernel to measure or name for a model that has none."""
+    return request if has_attention_kernel(model) else replace(request, attention=NO_KERNEL)
+
+
+def candidate(first: str, kernel: str) -> str:
+    """A timed candidate's name: "precision/kernel" or "library/kernel", the first part alone
+    where the model has no kernel."""
+    return first if kernel == NO_KERNEL else f"{first}/{kernel}"
 
 
 # ---------------------------------------------------------------------------- the machine
@@ -251,12 +274,13 @@ def _choice_from_entry(entry: object, device: torch.device, request: Request) ->
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
+    kernels = (NO_KERNEL,) if request.attention == NO_KERNEL else ("sdpa", "explicit")
     valid = (
         choice.precision in ("fp32", "bf16", "fp16")
-        and choice.attention in ("sdpa", "explicit")
+        and choice.attention in kernels
         and (choice.threads is None or choice.threads > 0)
         and choice.fp32_matmul in FP32_MATMULS
-        and choice.decode_attention in (None, "sdpa", "explicit")
+        and choice.decode_attention in (None, *kernels)
         and choice.decode_fp32_matmul in (None, *FP32_MATMULS)
     )
     return choice if valid and _runs_here(choice, device, request) else None
@@ -362,17 +386,18 @@ def pick(times: dict[str, float], default: str) -> str:
 
 
 def decide(grid: dict[str, float], precisions: list[str], kernels: list[str]) -> tuple[str, str]:
-    """(precision, attention) from step times keyed "precision/kernel"; the first of each list is its default.
+    """(precision, attention) from step times keyed "precision/kernel" (``candidate``); the first of each
+    list is its default.
 
     A precision is judged by its faster kernel: fp32 stays unless a lower precision, with its best
     kernel, beats fp32 with *its* best kernel by MARGIN; fp16 must also beat bf16 by MARGIN, since
     bf16 needs no loss scaling. The kernel is then the faster one in that precision.
     """
-    fastest = {p: min(grid[f"{p}/{a}"] for a in kernels) for p in precisions}
+    fastest = {p: min(grid[candidate(p, a)] for a in kernels) for p in precisions}
     precision = pick(fastest, precisions[0])
     if precision == "fp16" and "bf16" in fastest:
         precision = pick({k: fastest[k] for k in ("bf16", "fp16")}, "bf16")
-    return precision, pick({a: grid[f"{precision}/{a}"] for a in kernels}, kernels[0])
+    return precision, pick({a: grid[candidate(precision, a)] for a in kernels}, kernels[0])
 
 
 def cpu_use(usage: list[tuple[float, float]], threads: int) -> float:
@@ -449,9 +474,9 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
         precisions = [request.precision]
         if request.precision == "auto":
             precisions = precision_candidates(device.type, bf16_available(device))
-        kernels = [request.attention]
-        if request.attention == "auto":
-            kernels = ["sdpa", "explicit"] if shape.model.type == "transformer" else ["sdpa"]
+        kernels = [for_model(request, shape.model).attention]
+        if kernels == ["auto"]:
+            kernels = ["sdpa", "explicit"]
         usage: list[tuple[float, float]] = []
         library = request.named_fp32_matmul
         libraries_left_to_auto = measures_fp32_matmul(request, device.type)
@@ -459,9 +484,10 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
             options = race({name: step_with("fp32", kernels[0], name) for name in FP32_MATMULS}, device, usage=usage)
             timings["fp32 matmul"] = options
             library = pick(options, "blas")
-        grid = race({f"{p}/{a}": step_with(p, a, library) for p in precisions for a in kernels}, device, usage=usage)
+        steps = {candidate(p, a): step_with(p, a, library) for p in precisions for a in kernels}
+        grid = race(steps, device, usage=usage)
         use = cpu_use(usage, torch.get_num_threads()) if device.type == "cpu" else None
-        timings["precision/attention"] = grid
+        timings["precision" if kernels == [NO_KERNEL] else "precision/attention"] = grid
         precision, attention = decide(grid, precisions, kernels)
         threads: int | None = None
         if device.type == "cpu":
@@ -486,8 +512,8 @@ def measure(request: Request, shape: Shape, device: torch.device, world_threads:
                 torch.set_num_threads(threads)
             steps_with = decoding_steps(model, shape, device, precision)
             if race_libraries:
-                pairs = {f"{lib}/{a}": (lib, a) for lib in FP32_MATMULS for a in kernels}
-                default = f"{library}/{attention}"
+                pairs = {candidate(lib, a): (lib, a) for lib in FP32_MATMULS for a in kernels}
+                default = candidate(library, attention)
             else:  # the library serves nothing here (bf16, fp16) or is the config's
                 pairs = {a: (library, a) for a in kernels}
                 default = attention
@@ -541,6 +567,7 @@ def choose(
     ``world_threads`` fixes the thread count (ranks of a torchrun job share a machine's cores).
     """
     check_precision(request.precision, device.type, bf16_available(device))
+    request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
     if device.type == "cpu":  # elsewhere the library serves nothing (translating a CPU run on a GPU)
         check_fp32_matmul(request.fp32_matmul, device.type)
     needs = [request.precision == "auto", request.attention == "auto"]

@@ -279,6 +279,11 @@ def _check_consistency(cfg: Config) -> None:
             f"(a pair of {cfg.data.max_len} subwords plus its BOS/EOS needs {cfg.data.max_len + 1} positions; "
             f"translation stops at {m.max_positions})"
         )
+    if not isinstance(m, TransformerConfig) and t.attention != "auto":  # it would be ignored
+        raise NMTError(
+            f"config key 'train.attention': {t.attention} chooses the Transformer's attention kernel; "
+            f"model.type '{m.type}' has none to choose (leave it auto)"
+        )
     if m.tie_embeddings and not cfg.tokenizer.joint:
         raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:

@@ -18,6 +18,7 @@ from conftest import tiny_config
 from nmt import autotune
 from nmt.autotune import MARGIN, Request, decide, pick
 from nmt.cli import main
+from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 
 CPU = torch.device("cpu")
@@ -342,6 +343,7 @@ AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE
 PROBE = """
 import json, time, torch
 from nmt import autotune
+from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.device import cpu_has_bf16
 
@@ -462,6 +464,38 @@ def test_set_overrides_the_measurement(tmp_path, capsys):
     assert main(["train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]) == 0
     log = (tmp_path / "run" / "train.log").read_text()
     assert "kernels: precision fp32, fp32 matmul blas, attention explicit, 1 threads (from the config)" in log
+
+
+LSTM = RNNConfig(d_model=32, rnn_hidden=32, encoder_layers=1, decoder_layers=1)
+
+
+def test_the_lstm_has_no_attention_kernel_to_measure_or_name(tmp_path, monkeypatch):
+    """The RNN's attention is its own products: auto measures no kernel for it, and neither the log
+    nor the cache names one, whether measured or named by the config."""
+    ran: list[str] = []
+    cpus = autotune.usable_cpus()
+    table = {"blas": 60.0, "onednn": 59.0, "fp32": 50.0, str(max(1, cpus // 2)): 90.0, str(cpus): 50.0}
+    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
+    choose = autotune.choose
+    measured = choose(Request("fp32"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
+    assert measured.attention == autotune.NO_KERNEL and "fp32/" not in " ".join(ran)
+    assert "precision" in measured.timings and "precision/attention" not in measured.timings
+    cached = choose(Request("fp32"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
+    assert cached.source == "cached"
+    for choice in (measured, cached):
+        assert "attention" not in choice.describe() and "sdpa" not in choice.describe()
+    monkeypatch.setattr(autotune, "measure", lambda *args: pytest.fail("nothing is left to measure"))
+    named = choose(Request("fp32", "auto", 1, "blas"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
+    assert named.describe() == "precision fp32, fp32 matmul blas, 1 threads (from the config)"
+
+
+def test_an_attention_kernel_named_for_the_lstm_is_a_config_error(tmp_path, capsys):
+    config = tiny_config(tmp_path, "rnn", max_updates=2, warmup_updates=1)
+    for kernel in ("sdpa", "explicit"):
+        assert main(["train", "--config", str(config), "--set", f"train.attention={kernel}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "config key 'train.attention'" in err and "model.type 'rnn'" in err
+    assert not (tmp_path / "run").exists()  # refused before any work
 
 
 def _nmt(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
