@@ -119,12 +119,31 @@ SCALARS: tuple[Scalar, ...] = (
 )
 
 
-def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
+class BadLine(NMTError):
+    """A line of metrics.jsonl that is not a whole record: "PATH:NUMBER: REASON"."""
+
+    def __init__(self, path: Path, number: int, reason: str):
+        super().__init__(f"{path}:{number}: {reason}")
+        self.number, self.reason = number, reason
+
+
+@dataclass(frozen=True)
+class LeftOut:
+    """A line ``read_metrics`` left out, where asked to go on without it."""
+
+    number: int
+    reason: str
+    cut_short: bool = False  # the last line, without its newline: a run stopped (or still writing) mid-line
+
+
+def read_metrics(run_dir: Path, left_out: list[LeftOut] | None = None) -> tuple[list[dict], list[dict]]:
     """The train and the valid records of a run, in the order written.
 
     Safe on a run still training: a last line without its newline is being written and is left
     out. Records a resumed run went back over (it restarted from a checkpoint older than its last
-    logged update) are dropped, so updates only increase.
+    logged update) are dropped, so updates only increase. A line that is not a whole record (not
+    JSON, or a field missing or not a number) is an error naming it, or, with ``left_out``, left
+    out and listed there, as is a last line cut short.
     """
     path = Path(run_dir) / METRICS_FILE
     if not path.is_file():
@@ -133,7 +152,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict], list[dict]]:
         data = path.read_bytes()
     except OSError as e:
         raise NMTError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_metrics(data, path)
+    return parse_metrics(data, path, left_out)
 
 
 def validations_trained_on(path: Path) -> tuple[int, int]:
@@ -159,21 +178,33 @@ def validations_trained_on(path: Path) -> tuple[int, int]:
     return len(valid), len(valid) - 1 + trained_past_last
 
 
-def parse_metrics(data: bytes, path: Path) -> tuple[list[dict], list[dict]]:
+def parse_metrics(data: bytes, path: Path, left_out: list[LeftOut] | None = None) -> tuple[list[dict], list[dict]]:
+    """See ``read_metrics``."""
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
     train: list[dict] = []
     valid: list[dict] = []
+
+    def take(line: bytes, number: int) -> None:
+        try:
+            _add(_whole_record(line, path, number), train, valid, path, number)
+        except BadLine as e:
+            if left_out is None:
+                raise
+            left_out.append(LeftOut(e.number, e.reason))
+
     for number, line in enumerate(lines, 1):
         if line.strip():
-            _add(_parse_line(line, path, number), train, valid, path, number)
+            take(line, number)
     if torn.strip():
+        number = len(lines) + 1
         try:  # complete but for its newline: keep it; cut short: it is still being written
-            record = _parse_line(torn, path, len(lines) + 1)
-        except NMTError:
-            record = None
-        if record is not None:
-            _add(record, train, valid, path, len(lines) + 1)
+            _parse_line(torn, path, number)
+        except BadLine:
+            if left_out is not None:
+                left_out.append(LeftOut(number, "cut short", cut_short=True))
+        else:
+            take(torn, number)
     return train, valid
 
 
@@ -181,10 +212,31 @@ def _parse_line(line: bytes, path: Path, number: int) -> dict:
     try:
         record = json.loads(line.decode("utf-8"))
     except ValueError:  # includes UnicodeDecodeError
-        raise NMTError(f"{path}:{number}: not a JSON line (a corrupt metrics file)") from None
+        raise BadLine(path, number, "not a JSON line (a corrupt metrics file)") from None
     if not isinstance(record, dict):
-        raise NMTError(f"{path}:{number}: not a JSON object (a corrupt metrics file)")
+        raise BadLine(path, number, "not a JSON object (a corrupt metrics file)")
     return record
+
+
+# The numbers every record of a type holds, as training writes them; what reads them back (the
+# plots, compare's tokens/s) adds them up or draws them.
+NUMBERS = {
+    "train": ("update", "elapsed", "loss", "nll", "lr", "grad_norm", "trg_tokens"),
+    "valid": ("update", "elapsed", "dev_loss", "dev_ppl", "dev_bleu"),
+}
+
+
+def _checked_fields(record: dict, path: Path, number: int) -> dict:
+    """``record``, or BadLine where a train or valid record lacks one of its numbers."""
+    kind = record.get("type")
+    for key in NUMBERS.get(kind, ()):
+        if not _is_number(record.get(key)):
+            raise BadLine(path, number, f"{kind} record without a numeric '{key}'")
+    return record
+
+
+def _whole_record(line: bytes, path: Path, number: int) -> dict:
+    return _checked_fields(_parse_line(line, path, number), path, number)
 
 
 def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number: int) -> None:
@@ -193,7 +245,7 @@ def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number:
         return  # a record type of a later version
     for key in ("update", "elapsed"):
         if not _is_number(record.get(key)):
-            raise NMTError(f"{path}:{number}: {kind} record without a numeric '{key}'")
+            raise BadLine(path, number, f"{kind} record without a numeric '{key}'")
     # A resumed run restarts at its checkpoint: what was logged after it belongs to no run any more.
     # (A validation follows the train record of its own update, so that one stays.)
     update = record["update"]

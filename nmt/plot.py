@@ -12,7 +12,16 @@ from typing import TYPE_CHECKING
 
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, check_output_dir
-from nmt.metrics import METRICS_FILE, SCALARS, Scalar, Series, moving_average, read_metrics, scalar_series
+from nmt.metrics import (
+    METRICS_FILE,
+    SCALARS,
+    LeftOut,
+    Scalar,
+    Series,
+    moving_average,
+    read_metrics,
+    scalar_series,
+)
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -44,8 +53,38 @@ def run_labels(run_dirs: list[Path]) -> list[str]:
     return [str(d) if names.count(n) > 1 else n for d, n in zip(run_dirs, names)]
 
 
-def load_run(run_dir: Path, label: str) -> RunCurves:
-    train, valid = read_metrics(run_dir)
+LINES_NAMED = 5  # of the lines left out of one file, the most a warning lists
+
+
+def left_out_notes(path: Path, left_out: list[LeftOut]) -> list[str]:
+    """What to say of the lines left out of ``path``: one warning for those that are not whole
+    records, naming the first and why; a line of its own for a last line cut short, which a run
+    stopped mid-write (or one still writing) leaves and is nothing to worry about."""
+    notes = []
+    bad = [line for line in left_out if not line.cut_short]
+    if bad:
+        more = ""
+        if len(bad) > 1:
+            numbers = ", ".join(str(line.number) for line in bad[1:LINES_NAMED])
+            numbers += ", ..." if len(bad) > LINES_NAMED else ""
+            more = f", and {len(bad) - 1} more line{'s' if len(bad) > 2 else ''} not a whole record ({numbers})"
+        notes.append(f"warning: {path}:{bad[0].number}: {bad[0].reason}: left out{more}; the rest is plotted")
+    for line in left_out:
+        if line.cut_short:
+            notes.append(
+                f"{path}:{line.number}: the last line is cut short, as a run stopped mid-write (or one still "
+                "writing) leaves it: left out"
+            )
+    return notes
+
+
+def load_run(run_dir: Path, label: str, log: Callable[[str], None] | None = None) -> RunCurves:
+    """A run's curves from its metrics.jsonl; lines that are not whole records are left out, and
+    ``log`` told so."""
+    left_out: list[LeftOut] = []
+    train, valid = read_metrics(run_dir, left_out)
+    for note in left_out_notes(Path(run_dir) / METRICS_FILE, left_out) if log is not None else ():
+        log(note)
     bleus = [v["dev_bleu"] for v in valid if isinstance(v.get("dev_bleu"), (int, float))]
     return RunCurves(
         label=label,
@@ -145,7 +184,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -
             raise NMTError(f"{d}: no {METRICS_FILE}: not a run directory made by 'nmt train'")
     _figure_class()
     check_output_dir(out_dir, run_dirs)
-    runs = [load_run(d, label) for d, label in zip(run_dirs, run_labels(run_dirs))]
+    runs = [load_run(d, label, log) for d, label in zip(run_dirs, run_labels(run_dirs))]
     for r in runs:
         log(f"{r.path}: {r.updates} updates, {r.seconds / 60:.1f} min, {r.validations} validations")
     written, figures, skipped = [], [], []

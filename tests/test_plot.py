@@ -163,6 +163,41 @@ def test_corrupt_middle_line_is_a_one_line_error(tmp_path):
         read_metrics(run)
 
 
+def test_a_record_without_its_numbers_is_a_one_line_error_naming_its_line(tmp_path):
+    # compare adds up trg_tokens: a string there was a TypeError traceback
+    run = write_run(tmp_path / "bad", [train(1, 1.0), {**train(2, 2.0), "trg_tokens": "12"}, train(3, 3.0)])
+    with pytest.raises(NMTError, match=r"metrics.jsonl:2: train record without a numeric 'trg_tokens'$"):
+        read_metrics(run)
+    write_run(run, [train(1, 1.0), {**valid(1, 1.0, 3.0), "dev_bleu": None}])
+    with pytest.raises(NMTError, match=r"metrics.jsonl:2: valid record without a numeric 'dev_bleu'$"):
+        read_metrics(run)
+
+
+def test_plot_leaves_out_what_is_not_a_record_with_one_warning_and_draws_the_rest(tmp_path, capsys):
+    records = [train(u, float(u)) for u in range(1, 9)] + [valid(8, 8.0, 20.0), train(9, 9.0)]
+    lines = [json.dumps(r) for r in records]
+    lines[2] = "garbage{"  # update 3
+    lines[4] = json.dumps({**records[4], "loss": "5.0"})  # update 5
+    lines[6] = json.dumps({k: v for k, v in records[6].items() if k != "lr"})  # update 7
+    run = tmp_path / "run"
+    write_run(run, [], "\n".join(lines) + "\n" + '{"type": "train", "update": 10, "el')  # a crash mid-line
+    out = tmp_path / "plots"
+    assert main(["plot", str(run), "--out", str(out)]) == 0
+    err = capsys.readouterr().err.splitlines()
+    path = run / "metrics.jsonl"
+    warnings = [line for line in err if "warning" in line]
+    assert warnings == [
+        f"warning: {path}:3: not a JSON line (a corrupt metrics file): left out, and 2 more lines not a whole "
+        "record (5, 7); the rest is plotted"
+    ]
+    cut = [line for line in err if line.startswith(f"{path}:11: ")]
+    assert len(cut) == 1 and "cut short" in cut[0] and "corrupt" not in cut[0]
+    assert (out / "train_loss.png").read_bytes().startswith(PNG_MAGIC)
+    series = load_run(run, "run").series
+    assert series["train/loss"].updates == [1, 2, 4, 6, 8, 9]
+    assert series["valid/bleu"].values == [20.0]
+
+
 def test_validations_trained_on_say_whether_a_training_state_was_written(tmp_path):
     path = tmp_path / "metrics.jsonl"
     assert validations_trained_on(path) == (0, 0)  # no file
