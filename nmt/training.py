@@ -136,11 +136,16 @@ def stop_reason(t: TrainConfig, p: Progress) -> str | None:
     return None
 
 
+def validates_at(t: TrainConfig, update: int) -> bool:
+    """Whether ``update`` is one the run validates after (every ``train.validate_every``)."""
+    return update % t.validate_every == 0
+
+
 def extended_past_its_last_validation(t: TrainConfig, p: Progress) -> str | None:
     """The warning a run resumed to train on logs where it had ended at an update off the
     ``validate_every`` grid: the validation it ended with, which a run left alone to the new end
     does not make, stays one of its validations (patience, best and kept checkpoints). None otherwise."""
-    if p.update == 0 or p.last_validated != p.update or p.update % t.validate_every == 0:
+    if p.update == 0 or p.last_validated != p.update or validates_at(t, p.update):
         return None
     if stop_reason(t, p) is not None:
         return None
@@ -155,7 +160,7 @@ def extended_past_its_last_validation(t: TrainConfig, p: Progress) -> str | None
 def validation_due(t: TrainConfig, p: Progress) -> bool:
     """Whether the update a run resumes at still lacks the validation it was due (one given up for a
     signal, or failed): the resumed run does it first, as an uninterrupted run would have."""
-    return p.update > 0 and p.update % t.validate_every == 0 and p.last_validated != p.update
+    return p.update > 0 and validates_at(t, p.update) and p.last_validated != p.update
 
 
 def validate(trainer: Trainer, signals: SignalGuard) -> None:
@@ -215,11 +220,12 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
             stop = signals.received
             if stats is not None:
                 report.update(stats)
-                if p.update % t.validate_every == 0:
+                validating = validates_at(t, p.update)
+                if validating:
                     validate(trainer, signals)
                     p.elapsed_seconds = agreed_clock(trainer, clock_base + time.perf_counter() - clock_start)
                     report.restart_window()
-                if p.update % RELEASE_EVERY == 0 or p.update % t.validate_every == 0:
+                if validating or p.update % RELEASE_EVERY == 0:  # validation's decoding frees blocks of its own
                     trainer.release_freed_memory()
             if stop is not None:
                 trainer.save()
