@@ -25,11 +25,23 @@ from torch import nn
 FP32_MATMULS = ("blas", "onednn")
 
 
-def cpu_autocast_enabled() -> bool:
+def _autocast_query_takes_device() -> bool:
     try:
+        torch.is_autocast_enabled("cpu")
+    except TypeError:  # torch < 2.4: is_autocast_enabled() takes no device
+        return False
+    return True
+
+
+# Asked once, here: under torch.compile (torch < 2.4) the TypeError of a traced call comes out as
+# dynamo's own InternalTorchDynamoError, which no except clause in the traced code sees.
+_AUTOCAST_QUERY_TAKES_DEVICE = _autocast_query_takes_device()
+
+
+def cpu_autocast_enabled() -> bool:
+    if _AUTOCAST_QUERY_TAKES_DEVICE:
         return torch.is_autocast_enabled("cpu")
-    except TypeError:  # torch < 2.4
-        return torch.is_autocast_cpu_enabled()
+    return torch.is_autocast_cpu_enabled()
 
 
 def onednn_available() -> bool:
