@@ -631,7 +631,8 @@ def test_out_of_memory_is_a_one_line_error_naming_what_to_lower(
     def fail(args):
         if error is None:
             _allocation_failure()
-        raise torch.OutOfMemoryError(error) if isinstance(error, str) else error
+        # torch.cuda's name: torch.OutOfMemoryError, the same class, is torch >= 2.5's
+        raise torch.cuda.OutOfMemoryError(error) if isinstance(error, str) else error
 
     name = {"translate": "cmd_translate", "eval-bleu": "cmd_eval_bleu", "train": "cmd_train"}[command]
     monkeypatch.setattr(commands, name, fail)
