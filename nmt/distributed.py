@@ -162,9 +162,17 @@ def check_same_config(config: dict, world: World) -> None:
             )
 
 
+# The groups ``shutdown`` has destroyed, still referenced: Python never frees them. Before torch 2.8
+# freeing a gloo group holds the GIL while it waits for the group's worker threads, and a worker still
+# releasing the last collective's tensors waits for the GIL: rank 0 hung at exit now and then (torch
+# 2.3.1, CPU). The process ends soon after (``exit_rank``), which reclaims them.
+_destroyed_groups: list[Any] = []
+
+
 def shutdown() -> None:
     global _solo_work_group
     if dist.is_initialized():
+        _destroyed_groups.extend(group for group in (dist.group.WORLD, _solo_work_group) if group is not None)
         dist.destroy_process_group()
     _solo_work_group = None
 
