@@ -85,7 +85,9 @@ def init(world: World, device: torch.device) -> None:
             with _signals_end_the_process():
                 dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
                 _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
-        except dist.DistError as e:  # the ranks' store: a port taken, an address not reached; no peer was lost
+        # the ranks' store: a port taken, an address not reached; no peer was lost. A DistError, but a
+        # plain RuntimeError for a taken port on torch 2.5 and older
+        except RuntimeError as e:
             raise NMTError(
                 f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)})"
             ) from None
