@@ -2,7 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-# The CPU build of torch (on this machine's disk); a GPU user may set TORCH_SPEC='torch>=2.2'.
+# The CPU build of torch (on this machine's disk); a GPU user may set TORCH_SPEC='torch>=2.4.1'.
 TORCH_SPEC ?= torch==2.13.0
 # scripts/get_multi30k.py copies Multi30k from MULTI30K_DIR when it is set, and downloads it
 # otherwise. The default is ../shared/data/multi30k where that directory exists (this project's

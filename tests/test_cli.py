@@ -648,6 +648,36 @@ def test_out_of_memory_is_a_one_line_error_naming_what_to_lower(
         assert "train.max_tokens" in err
 
 
+@pytest.mark.parametrize("command", [["train", "--config"], ["translate", "--model"]])
+def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch, tmp_path, capsys, command):
+    """torch 2.2 has no torch.amp.GradScaler: `nmt train` stopped in an AttributeError traceback."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: "2.2.2+cu121" if name == "torch" else real_version(name)
+    )
+    code, _, err = run_cli([*command, tmp_path / "missing"], capsys)
+    assert code == 2
+    assert err == (
+        f"nmt {command[0]}: error: torch 2.2.2+cu121 is older than 2.4.1, the oldest nmt runs on: "
+        "pip install 'torch>=2.4.1'\n"
+    )
+
+
+def test_the_torch_floor_is_pyprojects_and_later_releases_pass():
+    from nmt import cli
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"torch>={cli.OLDEST_TORCH}",' in pyproject
+    assert cli.release("2.13.0+cpu") == (2, 13, 0) and cli.release("2.4.0a0+git1a2b") == (2, 4, 0)
+    for later in ("2.4.1", "2.4.1+cu121", "2.5.0", "2.13.0+cpu", "3.0"):
+        assert cli.release(later) >= cli.release(cli.OLDEST_TORCH)
+    for older in ("2.2.2", "2.3.1", "2.4.0", "1.13.1"):
+        assert cli.release(older) < cli.release(cli.OLDEST_TORCH)
+    cli.check_torch()  # the torch running this test
+
+
 def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path):
     from nmt import commands
 
