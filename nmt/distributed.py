@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NMTError, SharedError
-from nmt.signals import Interrupted, SignalPending, terminating_signals
+from nmt.signals import Interrupted, SignalPending, handlers_set, terminating_signals
 
 T = TypeVar("T")
 
@@ -100,17 +100,8 @@ def _signals_end_the_process() -> Iterator[None]:
     C++ call, where Python's handlers cannot run, for every rank, one of which may have failed before
     joining (an error only its config or machine has): torchrun's SIGTERM, once that rank has
     reported, was ignored, and the others ended only by its SIGKILL 30 s later. Nothing is written yet."""
-    previous = {}
-    for signum in (signal.SIGINT, *terminating_signals()):
-        try:
-            previous[signum] = signal.signal(signum, signal.SIG_DFL)
-        except ValueError:  # not the main thread
-            pass
-    try:
+    with handlers_set((signal.SIGINT, *terminating_signals()), signal.SIG_DFL):
         yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 def _store_address() -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
 from nmt.errors import SharedError
@@ -81,18 +81,27 @@ def _raise_terminated(signum, frame):
 
 
 @contextmanager
-def sigterm_interrupts() -> Iterator[None]:
-    """While active, SIGTERM (and SIGHUP: ``terminating_signals``) raises ``Terminated`` instead of
-    killing the process at once, so a command stopped by ``kill``, a job scheduler or a lost ssh
-    session keeps what it finished, as after Ctrl-C."""
+def handlers_set(signums: Iterable[int], handler) -> Iterator[None]:
+    """While active, ``handler`` handles each of ``signums``; the previous handlers come back after.
+    Outside the main thread, which cannot set handlers, nothing changes."""
     previous = {}
     try:
-        for s in terminating_signals():
-            previous[s] = signal.signal(s, _raise_terminated)
-    except ValueError:  # not the main thread, where Python delivers signals anyway
+        for s in signums:
+            previous[s] = signal.signal(s, handler)
+    except ValueError:  # not the main thread
         pass
     try:
         yield
     finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+        for s, old in previous.items():
+            signal.signal(s, old)
+
+
+@contextmanager
+def sigterm_interrupts() -> Iterator[None]:
+    """While active, SIGTERM (and SIGHUP: ``terminating_signals``) raises ``Terminated`` instead of
+    killing the process at once, so a command stopped by ``kill``, a job scheduler or a lost ssh
+    session keeps what it finished, as after Ctrl-C. (Outside the main thread Python delivers
+    signals to the main thread anyway.)"""
+    with handlers_set(terminating_signals(), _raise_terminated):
+        yield
