@@ -27,7 +27,7 @@ from nmt import binarize as bz
 from nmt import testhooks
 from nmt.autotune import usable_cpus
 from nmt.batching import token_batches
-from nmt.config import load_config
+from nmt.config import Config, load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
 from nmt.errors import NMTError
 from nmt.prepare import prepare
@@ -522,15 +522,22 @@ def _offline(monkeypatch, cache: Path) -> None:
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
 
 
-def test_a_new_commit_of_a_hub_dataset_is_encoded_again(tmp_path, monkeypatch):
-    # Offline, load_dataset reads the latest commit in its cache: one downloaded since is new text.
+def _hub_run(tmp_path, monkeypatch) -> tuple[Path, Path, Config, RunDir]:
+    """Offline, commit a*40 of hub dataset someorg/corpus42 in the cache (and its path there), and a
+    run training on it, locked as its writer (which may train SentencePiece again)."""
     cache = tmp_path / "cache"
     _offline(monkeypatch, cache)
     first = cache_hub_dataset(cache, "someorg/corpus42", "a" * 40, PAIRS)
     cfg = load_config(tiny_config(tmp_path), ["data.train=someorg/corpus42"])
     run = RunDir(cfg.run_dir)
     Path(cfg.run_dir).mkdir()
-    run.lock(lambda m: None, "prepare")  # the run's writer: it may train SentencePiece again
+    run.lock(lambda m: None, "prepare")
+    return cache, first, cfg, run
+
+
+def test_a_new_commit_of_a_hub_dataset_is_encoded_again(tmp_path, monkeypatch):
+    # Offline, load_dataset reads the latest commit in its cache: one downloaded since is new text.
+    cache, first, cfg, run = _hub_run(tmp_path, monkeypatch)
     lines = []
     assert len(prepare(cfg, run, lines.append).train) == 8
     assert f"train: hub dataset 'someorg/corpus42' at commit {'a' * 40}" in lines
@@ -549,13 +556,7 @@ def test_a_new_commit_of_a_hub_dataset_is_encoded_again(tmp_path, monkeypatch):
 def test_a_resumed_run_keeps_the_hub_commit_its_data_was_made_from(tmp_path, monkeypatch):
     # Resumed after a new commit reached the Hub, and then with no copy of the dataset at all
     # (offline, cache emptied), the run trains on the text it started with, asking nothing.
-    cache = tmp_path / "cache"
-    _offline(monkeypatch, cache)
-    first = cache_hub_dataset(cache, "someorg/corpus42", "a" * 40, PAIRS)
-    cfg = load_config(tiny_config(tmp_path), ["data.train=someorg/corpus42"])
-    run = RunDir(cfg.run_dir)
-    Path(cfg.run_dir).mkdir()
-    run.lock(lambda m: None, "prepare")
+    cache, first, cfg, run = _hub_run(tmp_path, monkeypatch)
     assert len(prepare(cfg, run, lambda m: None).train) == 8
     monkeypatch.setattr(RunDir, "has_checkpoints", lambda self: True)
     os.utime(first, (1, 1))
