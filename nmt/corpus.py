@@ -518,7 +518,13 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
             yield _columns(rows, spec, src_lang, trg_lang)
     except NMTError:
         raise
-    except (DatasetsError, ValueError, OSError, ConnectionError, TimeoutError) as e:
+    except StopIteration:
+        # datasets infers the columns from the first rows it finds and has no error for finding none
+        # (every data file empty): the bare StopIteration became "generator raised StopIteration".
+        where = f"{local}: cannot load as a dataset" if is_local else hub_where(spec)
+        raise NMTError(f"{where}: its data files hold no rows") from None
+    except (DatasetsError, ValueError, OSError, ConnectionError, TimeoutError, EOFError, zlib.error) as e:
+        # EOFError, zlib.error: a truncated or corrupt .gz data file, which datasets passes on as it is.
         raise fail(e) from None
 
 

@@ -398,6 +398,34 @@ def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch, streaming):
     assert "Failed to load JSON" not in printed.getvalue()
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize(
+    ("files", "says"),
+    [
+        ({"train.jsonl": b""}, "its data files hold no rows"),
+        ({"train.jsonl.gz": gzip.compress(b"")}, "its data files hold no rows"),
+        ({"train.jsonl.gz": gzip.compress(b'{"de": "a", "en": "b"}\n' * 1000)[:60]}, "Compressed file ended"),
+        (
+            {"train-0.jsonl": b'{"de": "a", "en": "b"}\n', "train-1.jsonl.gz": gzip.compress(b"x" * 9000)[:40]},
+            "Compressed file ended",
+        ),
+    ],
+    ids=["empty", "empty-gz", "truncated-gz", "truncated-second-file"],
+)
+def test_hf_directory_with_an_empty_or_truncated_data_file_is_one_line(tmp_path, monkeypatch, streaming, files, says):
+    # datasets let a StopIteration (no rows) and an EOFError (a cut .gz) through: tracebacks
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    for name, content in files.items():
+        (data_dir / name).write_bytes(content)
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(data_dir), streaming=streaming), "de", "en")
+    assert _one_line(err).startswith(f"{data_dir}: cannot load as a dataset: ")
+    assert says in str(err.value)
+
+
 def test_datasets_warnings_still_print_while_its_error_lines_are_kept_quiet():
     from nmt.corpus import _datasets_log_quiet
 
