@@ -480,6 +480,14 @@ def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_
     return sides[0], sides[1]
 
 
+def _csv_options(datasets: Any, directory: str, hf_config: str | None) -> dict[str, Any]:
+    """What ``load_dataset`` is told for a directory of CSV (or TSV) data files: every cell is text
+    as written. pandas, which reads them for it, takes a cell of 'NA', 'N/A', 'None', 'null', 'nan'
+    and a few more words as missing, and a pair whose side is "None" became an empty pair, dropped."""
+    builder = datasets.load_dataset_builder(directory, hf_config)
+    return {"keep_default_na": False} if builder.name == "csv" else {}
+
+
 def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> Iterator[Chunk]:
     """Chunks of a hub dataset, a ``save_to_disk`` directory or a directory of data files.
 
@@ -506,8 +514,14 @@ def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> It
                 unreachable = None if is_local else _hub_unreachable()
                 with _offline_hub() if unreachable else nullcontext():
                     source = str(local) if is_local else spec.path
+                    options = _csv_options(datasets, source, spec.hf_config) if is_local else {}
                     dataset = datasets.load_dataset(
-                        source, spec.hf_config, split=spec.split, streaming=spec.streaming, revision=spec.revision
+                        source,
+                        spec.hf_config,
+                        split=spec.split,
+                        streaming=spec.streaming,
+                        revision=spec.revision,
+                        **options,
                     )
             batches = iter(dataset.iter(batch_size=chunk))
         while True:

@@ -426,6 +426,21 @@ def test_hf_directory_with_an_empty_or_truncated_data_file_is_one_line(tmp_path,
     assert says in str(err.value)
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+@pytest.mark.parametrize("name", ["train.csv", "train.tsv"])
+def test_hf_csv_cells_that_pandas_calls_missing_are_read_as_text(tmp_path, monkeypatch, streaming, name):
+    # pandas read "None", "NA", "null" as missing: those pairs became empty and were dropped
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / "csv"
+    data_dir.mkdir()
+    sep = "," if name.endswith(".csv") else "\t"
+    rows = [("de", "en"), ("Keiner", "None"), ("NA", "Sodium"), ("null", "zero"), ("nan", "n/a"), ("", "empty")]
+    (data_dir / name).write_text("".join(f"{de}{sep}{en}\n" for de, en in rows), encoding="utf-8")
+    src, trg = read_parallel(CorpusConfig(path=str(data_dir), streaming=streaming), "de", "en")
+    assert (src, trg) == (["Keiner", "NA", "null", "nan", ""], ["None", "Sodium", "zero", "n/a", "empty"])
+
+
 def test_datasets_warnings_still_print_while_its_error_lines_are_kept_quiet():
     from nmt.corpus import _datasets_log_quiet
 
