@@ -7,6 +7,7 @@ becomes a one-line ``NMTError`` naming the file and line (or the dataset and col
 
 from __future__ import annotations
 
+import csv
 import gzip
 import logging
 import os
@@ -483,9 +484,16 @@ def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_
 def _csv_options(datasets: Any, directory: str, hf_config: str | None) -> dict[str, Any]:
     """What ``load_dataset`` is told for a directory of CSV (or TSV) data files: every cell is text
     as written. pandas, which reads them for it, takes a cell of 'NA', 'N/A', 'None', 'null', 'nan'
-    and a few more words as missing, and a pair whose side is "None" became an empty pair, dropped."""
+    and a few more words as missing, and a pair whose side is "None" became an empty pair, dropped.
+    A TSV file is not quoted, as a ``.tsv`` corpus file is not: with CSV quoting a sentence that
+    starts with a quote lost its quotes, or, unbalanced, swallowed the lines after it into one pair."""
     builder = datasets.load_dataset_builder(directory, hf_config)
-    return {"keep_default_na": False} if builder.name == "csv" else {}
+    if builder.name != "csv":
+        return {}
+    options: dict[str, Any] = {"keep_default_na": False}
+    if "\t" in (builder.config.sep, builder.config.delimiter):
+        options["quoting"] = csv.QUOTE_NONE
+    return options
 
 
 def _iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> Iterator[Chunk]:

@@ -441,6 +441,20 @@ def test_hf_csv_cells_that_pandas_calls_missing_are_read_as_text(tmp_path, monke
     assert (src, trg) == (["Keiner", "NA", "null", "nan", ""], ["None", "Sodium", "zero", "n/a", "empty"])
 
 
+@pytest.mark.parametrize("streaming", [True, False])
+def test_hf_tsv_data_file_is_not_read_with_csv_quoting(tmp_path, monkeypatch, streaming):
+    # CSV quoting took the quotes off '"Ja"', and an unbalanced one merged the next lines into its pair
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / "tsv"
+    data_dir.mkdir()
+    de = ['"Ja, sagte er', "zwei", '"Ja"', 'Er sagt "ja"']
+    en = ["Yes, he said", "two", '"Yes"', 'He says "yes"']
+    rows = ["de\ten", *(f"{s}\t{t}" for s, t in zip(de, en))]
+    (data_dir / "train.tsv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    assert read_parallel(CorpusConfig(path=str(data_dir), streaming=streaming), "de", "en") == (de, en)
+
+
 def test_datasets_warnings_still_print_while_its_error_lines_are_kept_quiet():
     from nmt.corpus import _datasets_log_quiet
 
