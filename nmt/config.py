@@ -69,7 +69,7 @@ class TrainConfig:
     # validations without a new best before stopping; best: higher dev BLEU, or equal with a lower dev loss
     patience: int | None = None
     keep_last: int = 2  # training-state checkpoints kept (one per validation; one a signal wrote comes on top)
-    keep_best: int = 1  # best checkpoints kept, ranked as patience ranks validations
+    keep_best: int = 1  # the N best validations' models kept, a new best or not, ranked as patience ranks them
     average_last: int | None = None  # at the end, average the last N checkpoints; kept where dev says it helps
     log_every: int = 50
     tensorboard: bool = False  # also write the metrics as TensorBoard events (pip install 'nmt[tensorboard]')

@@ -720,7 +720,9 @@ class Trainer:
         # The states saved here hold the validation's time, as the loop's clock will once it returns:
         # a run resumed from them counts it in train.max_minutes, as the run left alone does.
         p.elapsed_seconds += time.perf_counter() - start
-        if is_best:
+        # With keep_best N above 1 a validation that is no new best may still rank among the N best
+        # (dev BLEU 15 after 10 and 20): save_best keeps it where it does, and drops the one it pushes out.
+        if is_best or cfg.train.keep_best > 1:
             payload = {"model": self.model.state_dict(), "progress": asdict(p), **self._fingerprint()}
             self.checkpoints.save_best(payload, p.update, bleu, dev_loss)
         self.save()

@@ -373,6 +373,27 @@ def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(t
     assert checkpoint.best_rank(1.0, 9.0) > checkpoint.best_rank(0.0, 1.0)  # BLEU first
 
 
+@pytest.mark.parametrize("keep_best", [1, 2])
+def test_keep_best_keeps_the_best_validations_not_only_the_new_bests(tmp_path, monkeypatch, keep_best):
+    # Dev BLEU 10, 20, 15: the two best are 20 and 15, though 15 was no new best when it came.
+    import nmt.trainer
+
+    bleus = iter([10.0, 20.0, 15.0])
+    monkeypatch.setattr(nmt.trainer, "evaluate_loss", lambda *args: 3.0)
+    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg, *step: (next(bleus), []))
+    trainer = make_trainer(tmp_path, keep_best=keep_best, warmup_updates=1)
+    for _ in range(3):
+        trainer.train_step([trainer.epoch_plan()[0]])
+        trainer.validate()
+    manager = trainer.checkpoints
+    kept = [(b["file"], b["score"]) for b in manager.read_index()["best"]]
+    assert kept == [("best_00000002.pt", 20.0), ("best_00000003.pt", 15.0)][:keep_best]
+    assert sorted(p.name for p in manager.directory.glob("best_*.pt")) == sorted(name for name, _ in kept)
+    assert manager.best_path().name == "best_00000002.pt"
+    assert (trainer.progress.best_update, trainer.progress.bad_validations) == (2, 1)
+    trainer.close()
+
+
 def test_a_progress_of_an_earlier_version_has_no_best_loss_yet():
     import math
 
