@@ -55,7 +55,7 @@ def dev_bleu(
     decode = replace(cfg.decode, beam_size=cfg.train.validate_beam_size, nbest=1)
     progress = None if between_batches is None else lambda tokens: between_batches()
     hyps = [h[0] for h in translator.translate(dev_src[:n], decode, progress)]
-    return bleu_only(hyps, dev_trg[:n]), hyps
+    return bleu_only(hyps, dev_trg[:n], cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase), hyps
 
 
 def dev_scorer(translator, cfg: Config, dev_src: list[str], dev_trg: list[str]) -> Callable[[Seq2Seq], float]:

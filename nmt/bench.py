@@ -163,7 +163,7 @@ def bench_decoding(translator, lines: list[str], refs: list[str] | None, decode,
             "tokens_per_s": n_tokens / seconds,
         }
         if refs is not None:
-            out[name]["bleu"] = bleu_only(hyps, refs)
+            out[name]["bleu"] = bleu_only(hyps, refs, decode.bleu_tokenize, decode.bleu_lowercase)
         bleu = f", BLEU {out[name]['bleu']:.2f}" if refs is not None else ""
         log(
             f"decoding {name}: {len(lines)} sentences in {seconds:.1f} s = "

@@ -194,6 +194,17 @@ def _translate_parsers(sub) -> None:
     p.add_argument("--src", help="source file to translate (with --model)")
     p.add_argument("--output", "-o", help="with --model: also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
+    p.add_argument(
+        "--tokenize",
+        metavar="TOKENIZER",
+        help="sacreBLEU's BLEU tokenizer (zh, ja-mecab, ko-mecab or char for languages written without "
+        "spaces); default: with --model the run's decode.bleu_tokenize, else 13a",
+    )
+    p.add_argument(
+        "--lowercase",
+        action=argparse.BooleanOptionalAction,
+        help="case-insensitive BLEU and chrF; default: with --model the run's decode.bleu_lowercase, else cased",
+    )
     _add_decode_options(p)
     p.set_defaults(func=commands.cmd_eval_bleu)
 

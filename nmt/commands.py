@@ -186,15 +186,28 @@ def _check_hyp_alone(args: argparse.Namespace) -> None:
         )
 
 
+def _check_bleu_tokenizer(name: str | None) -> None:
+    from typing import get_args
+
+    from nmt.config import BleuTokenizer
+
+    if name is not None and name not in get_args(BleuTokenizer):
+        raise NMTError(f"--tokenize {name!r} is not one of {', '.join(map(repr, get_args(BleuTokenizer)))}")
+
+
 def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from nmt.corpus import read_lines
-    from nmt.scoring import check_line_counts, corpus_scores
+    from nmt.scoring import bleu_metric, check_line_counts, corpus_scores
 
     _check_hyp_alone(args)
+    _check_bleu_tokenizer(args.tokenize)
     refs = [read_lines(Path(r)) for r in args.ref]
     ref_names = list(args.ref)
+    tokenize, lowercase = args.tokenize or "13a", bool(args.lowercase)
+    if not args.model:
+        bleu_metric(tokenize, lowercase, "--tokenize")  # a tokenizer that cannot run: before reading
     if args.model:
         from nmt.rundir import RunDir
         from nmt.streams import StdoutLines, input_file, open_output
@@ -206,6 +219,10 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         # eval-bleu scores, and writes, the best translation: the run's decode.nbest is translate's
         cfg = replace(cfg, decode=replace(cfg.decode, nbest=1))
         _decode_config(args, cfg, run)
+        tokenize = args.tokenize or cfg.decode.bleu_tokenize
+        lowercase = cfg.decode.bleu_lowercase if args.lowercase is None else args.lowercase
+        key = "--tokenize" if args.tokenize else f"{run.config_path}: decode.bleu_tokenize"
+        bleu_metric(tokenize, lowercase, key)  # a tokenizer that cannot run is said before translating
         source = input_file(args.src, "--src")
         src_name = "<stdin>" if source is None else args.src
         if source is not None and source.is_file():  # stdin or a pipe can be read only once: checked after
@@ -223,7 +240,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
             raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
         hyps = read_lines(Path(args.hyp))
         hyp_name = args.hyp
-    scores = corpus_scores(hyps, refs, ref_names, hyp_name)
+    scores = corpus_scores(hyps, refs, ref_names, hyp_name, tokenize, lowercase)
     if args.json:
         print(json.dumps(scores.to_dict(), indent=1))
     else:

@@ -80,7 +80,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
             test_hyps = hyps
     if test_hyps is None:
         test_hyps = translate_lines(translator, src, own)
-    summary.test = corpus_scores(test_hyps, [ref]).to_dict()
+    summary.test = corpus_scores(test_hyps, [ref], tokenize=own.bleu_tokenize, lowercase=own.bleu_lowercase).to_dict()
     summary.test_decoding = decoding_label(own.beam_size, own.length_penalty)
     log(
         f"{cfg.name}: test BLEU {summary.test['bleu']:.2f} ({summary.test_decoding}), decoding "
@@ -123,14 +123,15 @@ def markdown_table(runs: list[RunSummary]) -> str:
 
 
 def _not_comparable(runs: list[RunSummary]) -> str:
-    """A line saying so where the runs translate different directions or test sets: their scores
-    do not compare."""
+    """A line saying so where the runs translate different directions or test sets, or score BLEU
+    differently (``decode.bleu_tokenize``, ``decode.bleu_lowercase``): their scores do not compare."""
     scored = [r for r in runs if r.test]
-    kinds = {(r.direction, r.test_set) for r in scored}
+    kinds = {(r.direction, r.test_set, r.test["bleu_signature"]) for r in scored}
     if len(kinds) < 2:
         return ""
-    each = "; ".join(f"{r.name}: {r.direction}, {r.test_set}" for r in scored)
-    return f"\n**Not comparable:** the runs translate different directions or test sets ({each}).\n"
+    each = "; ".join(f"{r.name}: {r.direction}, {r.test_set}, {r.test['bleu_signature']}" for r in scored)
+    why = "the runs translate different directions or test sets, or score BLEU differently"
+    return f"\n**Not comparable:** {why} ({each}).\n"
 
 
 def _pyplot():
@@ -171,7 +172,10 @@ def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> 
     runs = [summarize_run(run, log) for run in runs_opened]
     not_comparable = _not_comparable(runs)
     if not_comparable:
-        log("warning: the runs translate different directions or test sets; their test scores do not compare")
+        log(
+            "warning: the runs translate different directions or test sets, or score BLEU differently; "
+            "their test scores do not compare"
+        )
     table = markdown_table(runs) + not_comparable
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)

@@ -85,6 +85,10 @@ class TrainConfig:
     max_nonfinite: int = 5  # consecutive non-finite updates tolerated before stopping (fp16 overflows: see trainer)
 
 
+# sacreBLEU 2.3's tokenizers (flores101 and flores200 download their SentencePiece model once)
+BleuTokenizer = Literal["13a", "none", "zh", "intl", "char", "ja-mecab", "ko-mecab", "flores101", "flores200"]
+
+
 @dataclass
 class DecodeConfig:
     beam_size: int = 5
@@ -93,6 +97,10 @@ class DecodeConfig:
     max_len_b: int = 10
     batch_tokens: int = 8192  # source tokens per decoding batch
     nbest: int = 1
+    # sacreBLEU's tokenizer for BLEU (dev BLEU, eval-bleu, compare, tune-decode): 13a suits languages
+    # written with spaces; zh, ja-mecab, ko-mecab or char for those without, where 13a scores near 0
+    bleu_tokenize: BleuTokenizer = "13a"
+    bleu_lowercase: bool = False  # case-insensitive BLEU and chrF
 
 
 def check_beam_size(beam_size: int, vocab_size: int, name: str) -> None:

@@ -45,6 +45,7 @@ from nmt.models import build_model
 from nmt.prepare import EncodedCorpus, Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import horizon_change, learning_rate
+from nmt.scoring import bleu_metric
 from nmt.signals import Interrupted
 from nmt.translate import Translator
 
@@ -300,6 +301,7 @@ class Trainer:
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))
         autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
         check_compile(cfg)
+        bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase)  # a missing extra: before training, not at dev
         if self.device.type == "cpu":
             keep_freed_memory()
         if world.enabled and self.device.type == "cuda":

@@ -43,7 +43,8 @@ def grid(translate: Callable[[DecodeConfig], list[str]], refs: list[str], base: 
     trials = []
     for beam in beams:
         for alpha in penalties if beam > 1 else [base.length_penalty]:
-            bleu = bleu_only(translate(replace(base, beam_size=beam, length_penalty=alpha, nbest=1)), refs)
+            hyps = translate(replace(base, beam_size=beam, length_penalty=alpha, nbest=1))
+            bleu = bleu_only(hyps, refs, base.bleu_tokenize, base.bleu_lowercase)
             trials.append(Trial(beam, alpha, bleu))
             kept = " (greedy: the run's own)" if beam == 1 else ""
             log(f"beam {beam:2d}, length penalty {alpha:.2f}{kept}: dev BLEU {bleu:.2f}")

@@ -771,3 +771,106 @@ def test_an_empty_checkpoint_name_is_a_one_line_error_not_auto(trained_run, tmp_
             "(give auto, best, average, last or a file name there)"
         ]
     assert (run / "config.yaml").read_bytes() == config and not (run / "tune_decode.json").exists()
+
+
+def test_eval_bleu_tokenize_and_lowercase_score_as_sacrebleu_does(tmp_path, capsys):
+    """Chinese has no spaces: 13a scores a near-perfect hypothesis 0, sacreBLEU's zh tokenizer does not."""
+    hyps = ["这是 一个 测试", "你好世界", "The Cat"]
+    refs = ["这是一个测试", "你好 世界", "the cat"]
+    (tmp_path / "hyp").write_text("\n".join(hyps) + "\n")
+    (tmp_path / "ref").write_text("\n".join(refs) + "\n")
+    base = ["eval-bleu", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "ref", "--json"]
+    for options, tokenize, lowercase in (
+        ([], "13a", False),
+        (["--tokenize", "zh"], "zh", False),
+        (["--lowercase"], "13a", True),
+    ):
+        code, out, err = run_cli(base + options, capsys)
+        assert code == 0, err
+        got = json.loads(out)
+        assert got["bleu"] == pytest.approx(
+            sacrebleu.corpus_bleu(hyps, [refs], tokenize=tokenize, lowercase=lowercase).score
+        )
+        assert got["chrf"] == pytest.approx(
+            sacrebleu.metrics.CHRF(lowercase=lowercase).corpus_score(hyps, [refs]).score
+        )
+        assert f"tok:{tokenize}|" in got["bleu_signature"]
+        assert ("case:lc" if lowercase else "case:mixed") in got["bleu_signature"]
+    assert (
+        json.loads(run_cli(base, capsys)[1])["bleu"]
+        < json.loads(run_cli(base + ["--tokenize", "zh"], capsys)[1])["bleu"]
+    )
+    code, out, err = run_cli(base + ["--tokenize", "kanji"], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--tokenize 'kanji' is not one of" in err
+
+
+def test_a_bleu_tokenizer_that_cannot_run_is_one_line_naming_the_option_or_key(
+    trained_run, tmp_path, capsys, monkeypatch
+):
+    """ja-mecab without sacreBLEU's extra, or flores200 offline (it downloads its model), is said before
+    anything is translated or trained: at the first validation a run would have trained for nothing."""
+    from urllib.error import URLError
+
+    import nmt.scoring
+
+    real = nmt.scoring.BLEU
+
+    def bleu(tokenize="13a", lowercase=False):
+        if tokenize == "ja-mecab":  # sacreBLEU's own words without its extra
+            raise RuntimeError("\nJapanese tokenization requires extra dependencies\n\n    pip install sacrebleu[ja]\n")
+        if tokenize == "flores200":
+            raise URLError("Name or service not known")
+        return real(tokenize=tokenize, lowercase=lowercase)
+
+    monkeypatch.setattr(nmt.scoring, "BLEU", bleu)
+    (tmp_path / "hyp").write_text("a b\n")
+    code, out, err = run_cli(
+        ["eval-bleu", "--hyp", tmp_path / "hyp", "--ref", tmp_path / "hyp", "--tokenize", "ja-mecab"], capsys
+    )
+    assert (
+        code == 2 and err.count("\n") == 1 and "--tokenize ja-mecab: needs an extra: pip install 'sacrebleu[ja]'" in err
+    )
+    src, ref = trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    output = tmp_path / "out.en"
+    argv = ["eval-bleu", "--model", trained_run / "run", "--src", src, "--ref", ref, "--output", output]
+    code, out, err = run_cli(argv + ["--tokenize", "flores200"], capsys)
+    assert code == 2 and "--tokenize flores200: cannot download its SentencePiece model" in err and "offline?" in err
+    assert not output.exists()  # nothing was translated
+    config = tiny_config(tmp_path / "new")
+    code, out, err = run_cli(["train", "--config", config, "--set", "decode.bleu_tokenize=ja-mecab"], capsys)
+    assert code == 2 and "decode.bleu_tokenize ja-mecab: needs an extra" in err
+    assert not list((tmp_path / "new").rglob("*.pt"))
+
+
+def test_a_run_scores_bleu_with_its_decode_bleu_tokenize(trained_run, tmp_path, capsys):
+    """The run's decode.bleu_tokenize and bleu_lowercase reach eval-bleu --model (and dev BLEU, which
+    calls the same scorer); --tokenize and --no-lowercase override them."""
+    import shutil
+    from types import SimpleNamespace
+
+    from nmt.average import dev_bleu
+    from nmt.config import DecodeConfig, TrainConfig
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"].update(bleu_tokenize="char", bleu_lowercase=True)
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    src, ref = trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    argv = ["eval-bleu", "--model", run, "--src", src, "--ref", ref, "--json", "--beam-size", "1"]
+    code, out, err = run_cli(argv, capsys)
+    assert code == 0, err
+    assert "tok:char|" in json.loads(out)["bleu_signature"] and "case:lc" in json.loads(out)["bleu_signature"]
+    code, out, err = run_cli(argv + ["--tokenize", "intl", "--no-lowercase"], capsys)
+    assert "tok:intl|" in json.loads(out)["bleu_signature"] and "case:mixed" in json.loads(out)["bleu_signature"]
+
+    hyps, refs = ["Ab cd", "e f g"], ["ab c d", "e fg"]
+
+    class Fixed:
+        def translate(self, lines, decode, progress=None):
+            return [[h] for h in hyps]
+
+    cfg = SimpleNamespace(train=TrainConfig(), decode=DecodeConfig(bleu_tokenize="char", bleu_lowercase=True))
+    want = sacrebleu.corpus_bleu(hyps, [refs], tokenize="char", lowercase=True).score
+    assert want != pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    assert dev_bleu(Fixed(), cfg, ["x", "y"], refs)[0] == pytest.approx(want)
