@@ -173,10 +173,10 @@ def export_ctranslate2(
 ) -> Path:
     """Write a CTranslate2 model directory for ``model`` (a Transformer, or its state_dict with ``cfg``).
 
-    ``out_dir`` must not exist or be empty; the model is built in a temporary directory beside it
-    and renamed into place, so a failed export leaves nothing behind. The SentencePiece model(s)
-    are copied along, with ``nmt_export.json`` (tokenizer files, special tokens, decoding options)
-    and a README.
+    ``out_dir`` must not exist or be empty; the model is built in a temporary directory and moved
+    into place (``_staging_dir``), so a failed export leaves nothing behind. The SentencePiece
+    model(s) are copied along, with ``nmt_export.json`` (tokenizer files, special tokens, decoding
+    options) and a README.
     """
     ctranslate2 = import_ctranslate2()
     check_exportable(cfg, quantization)
@@ -192,8 +192,10 @@ def export_ctranslate2(
     spec = build_spec(model, vocabulary(src_tok), vocabulary(trg_tok) if not joint else vocabulary(src_tok))
     spec.optimize(quantization=quantization)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".{out_dir.name}.tmp{os.getpid()}"
+    existing = out_dir.exists()  # an empty directory, checked above
+    if not existing:
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = _staging_dir(out_dir, existing)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         tmp.mkdir()
@@ -202,14 +204,40 @@ def export_ctranslate2(
         info = _export_info(cfg, spm_files, spec.config, quantization, decode or DecodeConfig(), ctranslate2)
         (tmp / "nmt_export.json").write_text(json.dumps(info, indent=1) + "\n", encoding="utf-8")
         (tmp / "README.md").write_text(_readme(info), encoding="utf-8")
-        if out_dir.exists():
-            out_dir.rmdir()  # empty, checked above
-        os.replace(tmp, out_dir)
+        if existing:
+            _move_into(tmp, out_dir)
+        else:
+            os.replace(tmp, out_dir)
     except OSError as e:
         raise NMTError(f"{out_dir}: could not write the exported model ({e.strerror or e})") from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return out_dir
+
+
+def _staging_dir(out_dir: Path, existing: bool) -> Path:
+    """Where the model is built before it is moved into ``out_dir``: beside a new ``out_dir``, renamed
+    to it whole; inside an existing empty one, whose files are then renamed into it. The directory
+    itself stays: a mount point (a container's volume), a symlink or ``.`` cannot be replaced, and
+    its owner and permissions are the user's."""
+    if existing:
+        return out_dir / f".nmt-export.tmp{os.getpid()}"
+    return out_dir.parent / f".{out_dir.name}.tmp{os.getpid()}"
+
+
+def _move_into(tmp: Path, out_dir: Path) -> None:
+    """Rename every file of ``tmp`` into ``out_dir`` (the same file system); where one fails, the
+    ones already moved are removed again, so that ``out_dir`` is left empty as it was."""
+    moved: list[Path] = []
+    try:
+        for entry in sorted(tmp.iterdir()):
+            target = out_dir / entry.name
+            os.replace(entry, target)
+            moved.append(target)
+    except OSError:
+        for target in moved:
+            target.unlink(missing_ok=True)
+        raise
 
 
 def _copy_tokenizers(src_tok: Tokenizer, trg_tok: Tokenizer, joint: bool, directory: Path) -> dict[str, str]:

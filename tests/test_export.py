@@ -355,6 +355,48 @@ def test_existing_output_and_unknown_quantization_are_refused(ct2, fake_run, tmp
     assert (tmp_path / "empty" / "model.bin").exists()
 
 
+def test_an_existing_empty_output_directory_is_filled_not_replaced(ct2, fake_run, tmp_path, capsys, monkeypatch):
+    """An empty OUT_DIR may be one that cannot be removed or renamed (a container's volume: EBUSY), a
+    symlink, or the working directory: the files go into it, and it keeps its inode and mode."""
+    run = fake_run()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    empty.chmod(0o1777)
+    inode = empty.stat().st_ino
+    assert main(["export", "--format", "ctranslate2", str(run), str(empty)]) == 0
+    assert empty.stat().st_ino == inode and empty.stat().st_mode & 0o7777 == 0o1777
+    assert {"model.bin", "config.json", "spm.model", "nmt_export.json", "README.md"} <= {
+        p.name for p in empty.iterdir()
+    }
+    assert not [p for p in empty.iterdir() if p.name.startswith(".")]
+
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    assert main(["export", "--format", "ctranslate2", str(run), str(tmp_path / "link")]) == 0
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "target" / "model.bin").exists()
+
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    assert main(["export", "--format", "ctranslate2", str(run), "."]) == 0
+    assert (tmp_path / "here" / "model.bin").exists()
+
+
+def test_a_failed_move_into_an_empty_output_directory_leaves_it_empty(ct2, fake_run, tmp_path, capsys, monkeypatch):
+    run = fake_run()
+    (tmp_path / "empty").mkdir()
+    replace, calls = export.os.replace, []
+
+    def fail_third(src, dst):
+        calls.append(dst)
+        if len(calls) == 3:
+            raise OSError(28, "No space left on device")
+        replace(src, dst)
+
+    monkeypatch.setattr(export.os, "replace", fail_third)
+    one_line_error(capsys, ["export", "--format", "ctranslate2", run, tmp_path / "empty"], "No space left on device")
+    assert list((tmp_path / "empty").iterdir()) == []
+
+
 def test_an_output_directory_inside_the_run_is_refused(fake_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setattr(export, "import_ctranslate2", lambda: None)  # refused before the package is needed
     run = fake_run()
