@@ -25,6 +25,12 @@ def _summary_writer_class():
     return SummaryWriter
 
 
+def check_available() -> None:
+    """The one-line error of a missing tensorboard package, for ``nmt train`` to say before any work:
+    the writer is opened only once the data is prepared, minutes in on a large corpus."""
+    _summary_writer_class()
+
+
 class TensorBoardLog:
     """Takes the records written to ``metrics.jsonl``; tags are ``train/loss``, ``valid/bleu``, ...,
     the step is the record's update and the wall time the moment it was written. Events reach the

@@ -302,6 +302,10 @@ class Trainer:
         autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
         check_compile(cfg)
         bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase)  # a missing extra: before training, not at dev
+        if cfg.train.tensorboard and world.is_main:  # rank 0 writes the events
+            from nmt.tensorboard import check_available
+
+            check_available()
         if self.device.type == "cpu":
             keep_freed_memory()
         if world.enabled and self.device.type == "cuda":

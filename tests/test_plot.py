@@ -372,6 +372,18 @@ def test_missing_tensorboard_names_the_extra(tmp_path, monkeypatch):
         TensorBoardLog(tmp_path)
 
 
+def test_training_without_the_tensorboard_package_stops_before_preparing_the_data(tmp_path, monkeypatch, capsys):
+    from conftest import tiny_config
+
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    config = tiny_config(tmp_path, max_updates=2, warmup_updates=1, tensorboard=True)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "nmt train: error: train.tensorboard needs the tensorboard package: pip install 'nmt[tensorboard]'" in err
+    assert not (tmp_path / "run" / "spm.model").exists()  # no SentencePiece, shards or kernel measurement first
+    assert not (tmp_path / "run" / "data").exists()
+
+
 def test_training_with_tensorboard_writes_the_same_scalars(tmp_path):
     pytest.importorskip("tensorboard")
     from conftest import tiny_config
