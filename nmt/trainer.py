@@ -275,6 +275,14 @@ class Trainer:
             self._close_log_file()
             raise naming(e, self.run.log_path) from None
 
+    def log_end(self, message: str) -> None:
+        """``message`` in ``train.log`` only (the CLI prints it on the console), where the log is open;
+        a disk that refuses it leaves the log as it was and the error the run stopped on in force."""
+        try:
+            self._to_log_file(message)
+        except OSError:
+            pass
+
     def _close_log_file(self) -> None:
         """Close ``train.log``; lines that could not be written (a full disk) are given up."""
         log_file, self._log_file = self._log_file, None

@@ -32,23 +32,39 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
     trainer = Trainer(cfg, RunDir(cfg.run_dir), log)
     closing: contextlib.AbstractContextManager = contextlib.nullcontext()
     try:
-        return run(trainer, config_file)
-    except distributed.PeerLost:
-        # torchrun SIGTERMs the ranks left as soon as it sees one fail: rank 0 has saved and only
-        # ends now, and the signal would replace its report with 'interrupted'.
-        closing = SignalGuard()
-        raise
-    except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml (checkpoints say their own)
-        if not storage_error(e):
+        try:
+            return run(trainer, config_file)
+        except distributed.PeerLost:
+            # torchrun SIGTERMs the ranks left as soon as it sees one fail: rank 0 has saved and only
+            # ends now, and the signal would replace its report with 'interrupted'.
+            closing = SignalGuard()
             raise
-        resume = f"nmt train --config {config_file or trainer.run.config_path}"
-        raise NMTError(
-            f"{write_error_message(e)}; what the run wrote before is intact: free space, then resume with: {resume}"
-        ) from None
+        except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml (checkpoints say their own)
+            if not storage_error(e):
+                raise
+            resume = f"nmt train --config {config_file or trainer.run.config_path}"
+            raise NMTError(
+                f"{write_error_message(e)}; what the run wrote before is intact: free space, then resume with: {resume}"
+            ) from None
+    except (Exception, KeyboardInterrupt) as e:
+        # The console may be gone (nohup, a closed pipe, a lost ssh session): train.log says why the run ended.
+        trainer.log_end(how_it_ended(e))
+        raise
     finally:
         with closing:
             trainer.close()
             distributed.shutdown()
+
+
+def how_it_ended(error: BaseException) -> str:
+    """The line ``train.log`` ends with where a run stops on ``error``: what the console says of it."""
+    if isinstance(error, NMTError):
+        message = str(error).replace("\n", " ")
+        return f"error: {message}"
+    if isinstance(error, KeyboardInterrupt):
+        return "interrupted"
+    first = (str(error).strip().splitlines() or [""])[0]
+    return f"error: {type(error).__name__}: {first}"
 
 
 def run(trainer: Trainer, config_file: Path | None = None) -> Progress:

@@ -342,6 +342,31 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
     assert all(torch.equal(model[k], resumed[k]) for k in model)
 
 
+@pytest.mark.parametrize("ending", ["signal", "bad setting"])
+def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, capsys, ending):
+    # Under nohup, behind a closed pipe or a lost ssh session the console's last line is lost:
+    # the log must say why the run ended, and how to resume it.
+    from nmt import trainer as trainer_module
+    from nmt.signals import Terminated
+
+    config = tiny_config(tmp_path, max_updates=12, validate_every=1000, threads=1)
+    overrides = []
+    if ending == "signal":
+
+        def stopped(*args, **kwargs):
+            raise Terminated()
+
+        monkeypatch.setattr(trainer_module, "dev_bleu", stopped)
+    else:  # found as the tokenizer is trained, after train.log is open
+        overrides = ["--set", "tokenizer.vocab_size=5000"]
+    code = main(["train", "--config", str(config), *overrides])
+    said = capsys.readouterr().err.splitlines()[-1]
+    assert code == (143 if ending == "signal" else 2), said
+    assert said.startswith("nmt train: error: ")
+    last = (tmp_path / "run" / "train.log").read_text().splitlines()[-1]
+    assert last.split(" ", 2)[2] == said.removeprefix("nmt train: ")
+
+
 def file_times(run: Path) -> dict[Path, int]:
     """When each file of a run was last written; the log and the lock change on every start."""
     changing = ("train.log", "train.lock")
