@@ -28,14 +28,22 @@ FORMAT = "nmt-checkpoint-1"
 _UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")  # average_*.pt files are named in index.json
 
 
+class CheckpointNotWritten(NMTError):
+    """A checkpoint file (or its index or checksum) the system refused to write; ``path`` was left as
+    it was. ``storage``: the storage refused it (full, over quota, read-only, failing), so that
+    freeing space and resuming helps."""
+
+    def __init__(self, path: Path, reason: str, storage: bool):
+        super().__init__(f"{path}: could not write checkpoint ({reason}); what was there before is intact")
+        self.path, self.reason, self.storage = path, reason, storage
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that readers see the old content or the new, never a mix."""
     try:
         files.atomic_write_bytes(path, data, before_rename=testhooks.checkpoint_before_rename)
     except OSError as e:
-        raise NMTError(
-            f"{path}: could not write checkpoint ({e.strerror or e}); what was there before is intact"
-        ) from None
+        raise CheckpointNotWritten(path, str(e.strerror or e), files.storage_error(e)) from None
 
 
 def non_finite_tensors(state_dict: dict) -> list[str]:

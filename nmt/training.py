@@ -17,6 +17,7 @@ from pathlib import Path
 
 from nmt import distributed
 from nmt.batching import padding_fraction
+from nmt.checkpoint import CheckpointNotWritten
 from nmt.config import Config, TrainConfig
 from nmt.errors import NMTError
 from nmt.files import storage_error, write_error_message
@@ -39,13 +40,15 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
             # ends now, and the signal would replace its report with 'interrupted'.
             closing = SignalGuard()
             raise
-        except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml (checkpoints say their own)
+        except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml
             if not storage_error(e):
                 raise
-            resume = f"nmt train --config {config_file or trainer.run.config_path}"
-            raise NMTError(
-                f"{write_error_message(e)}; what the run wrote before is intact: free space, then resume with: {resume}"
-            ) from None
+            raise NMTError(f"{write_error_message(e)}; {_resume_once_there_is_space(trainer, config_file)}") from None
+        except CheckpointNotWritten as e:  # the largest files the run writes: the likeliest to fill a disk
+            if not e.storage:
+                raise
+            where = f"{e.path}: could not write checkpoint ({e.reason})"
+            raise NMTError(f"{where}; {_resume_once_there_is_space(trainer, config_file)}") from None
     except (Exception, KeyboardInterrupt) as e:
         # The console may be gone (nohup, a closed pipe, a lost ssh session): train.log says why the run ended.
         trainer.log_end(how_it_ended(e))
@@ -54,6 +57,11 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
         with closing:
             trainer.close()
             distributed.shutdown()
+
+
+def _resume_once_there_is_space(trainer: Trainer, config_file: Path | None) -> str:
+    resume = f"nmt train --config {config_file or trainer.run.config_path}"
+    return f"what the run wrote before is intact: free space, then resume with: {resume}"
 
 
 def how_it_ended(error: BaseException) -> str:

@@ -475,7 +475,7 @@ def filling_open(name: str, room: int):
     return opener
 
 
-@pytest.mark.parametrize("full", ["train.log", "metrics.jsonl", "dev.hyp"])
+@pytest.mark.parametrize("full", ["train.log", "metrics.jsonl", "dev.hyp", "checkpoints/update_00000030.pt"])
 def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what_was_saved(
     tmp_path, monkeypatch, capsys, full
 ):
@@ -485,21 +485,22 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
     assert main(["train", "--config", str(config)]) == 0
     run = tmp_path / "run"
     saved = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
-    if full == "dev.hyp":  # the next validation's file: the only one the disk refuses
-        refuse_writes(monkeypatch, "dev.hyp")
+    if full in ("dev.hyp", "checkpoints/update_00000030.pt"):  # the next validation's file: the only one refused
+        refuse_writes(monkeypatch, Path(full).name)
     else:  # room for a few more lines, then none
         monkeypatch.setattr(trainer if full == "train.log" else metrics, "open", filling_open(full, 3), raising=False)
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err
+    what = "checkpoint " if full.startswith("checkpoints/") else ""
     assert err.splitlines()[-1] == (
-        f"nmt train: error: {run / full}: could not write ({NO_SPACE}); what the run wrote before is intact: "
+        f"nmt train: error: {run / full}: could not write {what}({NO_SPACE}); what the run wrote before is intact: "
         f"free space, then resume with: nmt train --config {config}"
     )
     kept = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
     assert all(torch.equal(saved[k], kept[k]) for k in saved)
-    assert (run / "checkpoints" / "best_00000020.pt").exists() or (run / "checkpoints" / "best_00000010.pt").exists()
+    assert list((run / "checkpoints").glob("best_*.pt"))  # the new best, where it was written before the state
 
     monkeypatch.undo()  # space freed: the run resumes and ends
     assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 0
