@@ -26,7 +26,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
         cfg = load_config(args.config, args.set)
         check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)
-        train(cfg, log, Path(args.config))
+        train(cfg, log, Path(args.config), args.set)
     return 0
 
 

@@ -9,6 +9,7 @@ What one update does, and the model, data and checkpoints behind it, are the ``T
 from __future__ import annotations
 
 import contextlib
+import shlex
 import signal
 import sys
 import time
@@ -28,8 +29,11 @@ from nmt.trainer import Progress, Trainer
 RELEASE_EVERY = 100  # updates between two returns of the heap's free pages (Trainer.release_freed_memory)
 
 
-def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = None) -> Progress:
-    """Train (or resume) the run ``cfg`` describes; ``config_file`` is the file it was read from."""
+def train(
+    cfg: Config, log: Callable[[str], None], config_file: Path | None = None, overrides: list[str] | None = None
+) -> Progress:
+    """Train (or resume) the run ``cfg`` describes; ``config_file`` is the file it was read from, with
+    the command line's ``--set`` ``overrides``."""
     trainer = Trainer(cfg, RunDir(cfg.run_dir), log)
     closing: contextlib.AbstractContextManager = contextlib.nullcontext()
     try:
@@ -43,12 +47,13 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
         except OSError as e:  # train.log, metrics.jsonl, dev.hyp, config.yaml
             if not storage_error(e):
                 raise
-            raise NMTError(f"{write_error_message(e)}; {_resume_once_there_is_space(trainer, config_file)}") from None
+            resume = _resume_once_there_is_space(trainer, config_file, overrides)
+            raise NMTError(f"{write_error_message(e)}; {resume}") from None
         except CheckpointNotWritten as e:  # the largest files the run writes: the likeliest to fill a disk
             if not e.storage:
                 raise
-            where = f"{e.path}: could not write checkpoint ({e.reason})"
-            raise NMTError(f"{where}; {_resume_once_there_is_space(trainer, config_file)}") from None
+            resume = _resume_once_there_is_space(trainer, config_file, overrides)
+            raise NMTError(f"{e.path}: could not write checkpoint ({e.reason}); {resume}") from None
     except (Exception, KeyboardInterrupt) as e:
         # The console may be gone (nohup, a closed pipe, a lost ssh session): train.log says why the run ended.
         trainer.log_end(how_it_ended(e))
@@ -59,9 +64,14 @@ def train(cfg: Config, log: Callable[[str], None], config_file: Path | None = No
             distributed.shutdown()
 
 
-def _resume_once_there_is_space(trainer: Trainer, config_file: Path | None) -> str:
-    resume = f"nmt train --config {config_file or trainer.run.config_path}"
-    return f"what the run wrote before is intact: free space, then resume with: {resume}"
+def _resume_once_there_is_space(trainer: Trainer, config_file: Path | None, overrides: list[str] | None) -> str:
+    """How to go on after a write the storage refused: the command that started the run, its --set
+    options too (they may name the run_dir, or a model the config file does not)."""
+    if config_file is None:  # the API: the run's resolved config holds every value
+        resume = ["nmt", "train", "--config", str(trainer.run.config_path)]
+    else:
+        resume = ["nmt", "train", "--config", str(config_file), *(a for kv in overrides or [] for a in ("--set", kv))]
+    return f"what the run wrote before is intact: free space, then resume with: {shlex.join(resume)}"
 
 
 def how_it_ended(error: BaseException) -> str:

@@ -2,6 +2,7 @@
 
 import errno
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -496,7 +497,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
     what = "checkpoint " if full.startswith("checkpoints/") else ""
     assert err.splitlines()[-1] == (
         f"nmt train: error: {run / full}: could not write {what}({NO_SPACE}); what the run wrote before is intact: "
-        f"free space, then resume with: nmt train --config {config}"
+        f"free space, then resume with: nmt train --config {config} --set train.max_updates=40"
     )
     kept = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
     assert all(torch.equal(saved[k], kept[k]) for k in saved)
@@ -505,6 +506,23 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
     monkeypatch.undo()  # space freed: the run resumes and ends
     assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 0
     assert final_model(run)[0] == 40
+
+
+def test_the_resume_command_a_full_disk_gives_keeps_the_set_options_and_resumes_the_run(tmp_path, monkeypatch, capsys):
+    # Without its --set options the command trained the config file's own run_dir (or was refused
+    # there as another model).
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10)
+    run = tmp_path / "other run"
+    argv = ["train", "--config", str(config), "--set", f"run_dir={run}", "--set", "model.d_model=32"]
+    refuse_writes(monkeypatch, "update_00000020.pt")
+    assert main(argv) == 2
+    command = capsys.readouterr().err.splitlines()[-1].split("free space, then resume with: ")[1]
+    assert shlex.split(command) == ["nmt", *argv]
+
+    monkeypatch.undo()  # space freed
+    assert main(shlex.split(command)[1:]) == 0
+    assert final_model(run)[0] == 20
+    assert not (tmp_path / "run").exists()
 
 
 def test_a_full_disk_is_one_line_where_no_command_says_more(run, tmp_path, monkeypatch, capsys):
