@@ -234,16 +234,27 @@ class CheckpointManager:
         return path
 
     def _remove_extra_best(self) -> None:
-        """Best checkpoints past ``keep_best``: there only where keep_best was lowered on resume, which
-        holds from the next state written, as keep_last does, not from the next new best."""
+        """Best checkpoints past ``keep_best`` (there only where keep_best was lowered on resume, which
+        holds from the next state written, as keep_last does, not from the next new best), and those
+        the index does not name (``_remove_unlisted_best``)."""
         index = self.read_index()
         best = sorted(index.get("best", []), key=_rank, reverse=True)
-        if len(best) <= self.keep_best:
+        if len(best) > self.keep_best:
+            index = {**index, "best": best[: self.keep_best]}
+            atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
+        self._remove_unlisted_best(index)
+
+    def _remove_unlisted_best(self, index: dict) -> None:
+        """Delete the best checkpoints ``index`` (as written) does not name: the ones it dropped, and
+        any a process killed between writing the index and deleting them left behind, which nothing
+        would delete later. Not where it names none (unreadable, or no validation yet): its files
+        are then all the run has."""
+        listed = {b["file"] for b in index.get("best", [])}
+        if not listed:
             return
-        kept, dropped = best[: self.keep_best], best[self.keep_best :]
-        atomic_write_bytes(self.index_path, json.dumps({**index, "best": kept}, indent=1).encode())
-        for b in dropped:
-            _remove(self.directory / b["file"])
+        for info in list_checkpoints(self.directory, "best"):
+            if info.path.name not in listed:
+                _remove(info.path)
 
     def _remove_old_states(self, newest: int, newest_validated: bool) -> None:
         """``keep_last`` counts the states validations wrote, the ones a run left alone has. A state
@@ -277,10 +288,9 @@ class CheckpointManager:
             return False
         save(payload, self.directory / name)
         best = sorted(best + [entry], key=_rank, reverse=True)
-        kept, dropped = best[: self.keep_best], best[self.keep_best :]
-        atomic_write_bytes(self.index_path, json.dumps({**index, "best": kept}, indent=1).encode())
-        for b in dropped:
-            _remove(self.directory / b["file"])
+        index = {**index, "best": best[: self.keep_best]}
+        atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
+        self._remove_unlisted_best(index)
         return True
 
     def save_average(

@@ -149,6 +149,35 @@ def test_a_keep_best_lowered_on_resume_holds_from_the_next_state_written_as_keep
     assert [b["file"] for b in after.read_index()["best"]] == ["best_00000003.pt"]
 
 
+def test_a_best_checkpoint_a_kill_left_as_it_was_replaced_is_removed_at_the_next_state(tmp_path, monkeypatch):
+    # The index is written before the best checkpoints it drops are deleted: a SIGKILL between the two
+    # left best_1 there for good, past keep_best.
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    assert m.save_best(payload(1.0), 1, score=10.0)
+
+    def killed(path):
+        raise KeyboardInterrupt  # where the process died
+
+    monkeypatch.setattr(checkpoint, "_remove", killed)
+    with pytest.raises(KeyboardInterrupt):
+        m.save_best(payload(2.0), 2, score=20.0)
+    monkeypatch.undo()
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [2, 1]
+
+    resumed = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    resumed.save_state(payload(2.0), 2)  # no new best need come
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [2]
+    assert sorted(p.name for p in tmp_path.glob("best_*")) == ["best_00000002.pt", "best_00000002.pt.sha256"]
+
+
+def test_best_checkpoints_an_unreadable_index_does_not_name_are_kept(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    assert m.save_best(payload(1.0), 1, score=10.0)
+    m.index_path.write_text("{not json")
+    m.save_state(payload(2.0), 2)
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [1]
+
+
 def training_state(update: int, validated: bool = True) -> dict:
     """A training state as a validation writes it, or (``validated`` False) as a signal between two does."""
     progress = {"update": update, "last_validated": update if validated else update - 1}
