@@ -239,7 +239,7 @@ def _model_section(schema: Schema, values: Any, key: str) -> ModelConfig:
     if not isinstance(values, dict):
         raise NMTError(f"config key '{key}': expected a mapping, got {values!r}")
     kind = values.get("type", "transformer")
-    if kind not in MODEL_CONFIGS:
+    if not isinstance(kind, str) or kind not in MODEL_CONFIGS:  # a list or mapping cannot be looked up
         names = ", ".join(repr(k) for k in MODEL_CONFIGS)
         raise NMTError(f"config key '{key}.type': {kind!r} is not one of {names}")
     kept = {}

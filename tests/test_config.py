@@ -171,6 +171,12 @@ def test_model_sections_by_type():
         config_from_dict({**MINIMAL, "model": {"type": "rnn", "attention": "dot"}})
 
 
+@pytest.mark.parametrize("kind", [["rnn"], {"rnn": None}, "RNN"])
+def test_a_model_type_that_is_no_type_name_is_an_error_naming_the_key(kind):
+    with pytest.raises(NMTError, match=r"config key 'model.type': .* is not one of 'transformer', 'rnn'$"):
+        config_from_dict({**MINIMAL, "model": {"type": kind}})
+
+
 @pytest.mark.parametrize("text,expected", [("5e-4", 5e-4), ("1E3", 1000.0), ("+2.5e-1", 0.25), (".5e1", 5.0)])
 def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path, text, expected):
     file_text = f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5, weight_decay: {text}}}\n"
