@@ -406,19 +406,9 @@ def config_from_dict(values: dict, base_dir: Path | None = None, command_line: s
     return cfg
 
 
-# PyYAML reads YAML 1.1, where 5e-4 (no dot) is a string, not a number.
-_SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
-
-
-def _yaml_number(value: Any) -> Any:
-    """``value``, or the float it spells when it is a string in scientific notation ('5e-4')."""
-    if isinstance(value, str) and _SCIENTIFIC.fullmatch(value.strip()):
-        return float(value)
-    return value
-
-
 def parse_override(text: str) -> tuple[list[str], Any]:
-    """``train.lr_peak=5e-4`` -> (["train", "lr_peak"], 0.0005). Values are parsed as YAML."""
+    """``train.max_updates=500`` -> (["train", "max_updates"], 500). Values are parsed as YAML; a
+    number in scientific notation, a string in YAML 1.1, is read by the key's type (nmt.schema)."""
     key, equals, raw = text.partition("=")
     path = [part.strip() for part in key.split(".")]
     if not equals or not all(path):  # '=5' or '.max_updates=5' would name the key ''
@@ -428,7 +418,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = _load_unique_keys(f"--set {text}", raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
-    return path, _fix_yaml_floats(value)
+    return path, value
 
 
 def _is_corpus(path: list[str]) -> bool:
@@ -466,13 +456,19 @@ def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
     return keys
 
 
-def _fix_yaml_floats(node: Any) -> Any:
-    """Every string in scientific notation, anywhere in ``node``, as the float it spells."""
-    if isinstance(node, dict):
-        return {k: _fix_yaml_floats(v) for k, v in node.items()}
-    if isinstance(node, list):
-        return [_fix_yaml_floats(v) for v in node]
-    return _yaml_number(node)
+def _contains_itself(node: Any, enclosing: frozenset[int] = frozenset(), acyclic: set[int] | None = None) -> bool:
+    """Whether a list or mapping in ``node`` holds itself: a YAML anchor inside itself (a: &x [*x]).
+    ``acyclic`` remembers the nodes already walked, so that aliases shared many times cost one walk."""
+    acyclic = set() if acyclic is None else acyclic
+    if not isinstance(node, (dict, list)) or id(node) in acyclic:
+        return False
+    if id(node) in enclosing:
+        return True
+    children = node.values() if isinstance(node, dict) else node
+    if any(_contains_itself(child, enclosing | {id(node)}, acyclic) for child in children):
+        return True
+    acyclic.add(id(node))
+    return False
 
 
 def _first_duplicate_key(root: yaml.Node) -> tuple[str, yaml.Mark] | None:
@@ -537,10 +533,9 @@ def read_yaml(path: str | Path) -> dict:
         raise NMTError(f"{path}: the config file is empty")
     if not isinstance(values, dict):
         raise NMTError(f"{path}: the top level must be a mapping of sections")
-    try:
-        return _fix_yaml_floats(values)
-    except RecursionError:  # an anchor inside itself (a: &x [*x]) makes an endless value
-        raise NMTError(f"{path}: a YAML alias refers to a value that contains it (recursive anchor)") from None
+    if _contains_itself(values):  # an endless value: no key could hold it, and walking it never ends
+        raise NMTError(f"{path}: a YAML alias refers to a value that contains it (recursive anchor)")
+    return values
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:

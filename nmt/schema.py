@@ -9,6 +9,7 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import math
+import re
 import types
 import typing
 from collections.abc import Callable
@@ -21,6 +22,10 @@ Check = tuple[Callable[[Any], bool], str]  # predicate, and what it requires ("m
 # Integers end up in C ints (SentencePiece's int32 fields, torch's thread count and sizes), where a
 # larger one is an overflow traceback. No count or size of a real run comes near 2**31.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+
+# PyYAML reads YAML 1.1, where 5e-4 (no dot) is a string. It is read as a number where a key takes
+# one, and only there: a string key keeps the text ("name: 1e3").
+SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
 class Schema:
@@ -50,7 +55,8 @@ class Schema:
             converted = self.convert(value, hints[raw_key], key)
             check = self.ranges.get(key)
             if check is not None and converted is not None and not check[0](converted):
-                raise NMTError(f"config key '{key}': {value!r} {check[1]}")
+                written = value if isinstance(value, str) else repr(value)  # a number in scientific notation
+                raise NMTError(f"config key '{key}': {written} {check[1]}")
             if key not in self.wide_ints:
                 _check_int32(converted, key)
             kwargs[raw_key] = converted
@@ -103,6 +109,8 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
             raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
         return value
     if tp is float:
+        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+            value = float(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise NMTError(f"config key '{key}': expected a number, got {value!r}")
         return _finite(value, key)

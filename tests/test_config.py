@@ -191,6 +191,20 @@ def test_strings_that_only_resemble_numbers_stay_strings(tmp_path):
     assert cfg.name == "e5" and cfg.data.src_lang == "e1" and cfg.data.train.path.endswith("1e5x")
 
 
+def test_scientific_notation_for_a_string_key_stays_the_text_written(tmp_path):
+    text = "name: '1e3'\ndata: {train: 5e-4, dev: {path: b, revision: 2E5}}\ntrain: {max_minutes: 5, lr_peak: '1e-3'}\n"
+    cfg = load_config(write(tmp_path, text), ["data.test=1e6"])
+    assert cfg.name == "1e3" and cfg.data.dev.revision == "2E5"
+    assert Path(cfg.data.train.path).name == "5e-4" and Path(cfg.data.test.path).name == "1e6"
+    assert cfg.train.lr_peak == pytest.approx(1e-3)  # a key that takes a number reads it, quoted or not
+    with pytest.raises(NMTError, match=r"config key 'model.dropout': 1e0 must be in \[0, 1\)"):
+        load_config(write(tmp_path, text), ["model.dropout=1e0"])
+    saved = tmp_path / "saved" / "config.yaml"
+    saved.parent.mkdir()
+    saved.write_text(config_yaml(cfg))
+    assert load_config(saved) == cfg
+
+
 @pytest.mark.parametrize(
     "section,key,value",
     [
