@@ -26,7 +26,7 @@ from nmt.corpus import (
 )
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
-from nmt.schema import Schema
+from nmt.schema import Schema, quoting_hint
 from nmt.tokenizer import TokenizerConfig
 
 
@@ -268,7 +268,7 @@ def _corpus(schema: Schema, value: Any, key: str) -> CorpusConfig:
     if isinstance(value, str):
         value = {"path": value}
     if not isinstance(value, dict):
-        raise NMTError(f"config key '{key}': expected a mapping, got {value!r}")
+        raise NMTError(f"config key '{key}': expected a path or a mapping, got {value!r}{quoting_hint(value)}")
     return schema.build(CorpusConfig, value, key)
 
 

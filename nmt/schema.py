@@ -7,6 +7,7 @@ the machinery that holds a mapping against them.
 from __future__ import annotations
 
 import dataclasses
+import datetime
 import difflib
 import math
 import re
@@ -116,9 +117,19 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
         return _finite(value, key)
     if tp is str:
         if not isinstance(value, str):
-            raise NMTError(f"config key '{key}': expected a string, got {value!r}")
+            raise NMTError(f"config key '{key}': expected a string, got {value!r}{quoting_hint(value)}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def quoting_hint(value: Any) -> str:
+    """What a string key's error adds where YAML 1.1 read unquoted text as another type: the value
+    shown is not what was written (src_lang: no, Norwegian, reads as false)."""
+    if isinstance(value, bool):
+        return " (YAML reads unquoted yes, no, on, off as true or false: quote the text, e.g. 'no')"
+    if isinstance(value, (datetime.date, datetime.datetime)):
+        return " (YAML reads an unquoted date as a date: quote the text)"
+    return ""
 
 
 def _check_int32(value: Any, key: str) -> None:

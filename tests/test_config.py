@@ -177,6 +177,21 @@ def test_a_model_type_that_is_no_type_name_is_an_error_naming_the_key(kind):
         config_from_dict({**MINIMAL, "model": {"type": kind}})
 
 
+@pytest.mark.parametrize(
+    "keys,message",
+    [
+        ("dev: b, src_lang: no", r"'data.src_lang': expected a string, got False \(YAML reads unquoted yes, no"),
+        ("dev: b, trg_lang: on", r"'data.trg_lang': expected a string, got True \(YAML reads unquoted yes, no"),
+        ("dev: 2024-05-01", r"'data.dev': expected a path or a mapping, got datetime.date\(2024, 5, 1\) \(YAML reads"),
+    ],
+)
+def test_a_string_that_yaml_read_as_another_type_says_to_quote_it(tmp_path, keys, message):
+    with pytest.raises(NMTError, match=message):
+        load_config(write(tmp_path, f"data: {{train: a, {keys}}}\ntrain: {{max_minutes: 5}}\n"))
+    quoted = keys[: keys.rindex(" ") + 1] + f"'{keys[keys.rindex(' ') + 1 :]}'"
+    load_config(write(tmp_path, f"data: {{train: a, {quoted}}}\ntrain: {{max_minutes: 5}}\n"))
+
+
 @pytest.mark.parametrize("text,expected", [("5e-4", 5e-4), ("1E3", 1000.0), ("+2.5e-1", 0.25), (".5e1", 5.0)])
 def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path, text, expected):
     file_text = f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5, weight_decay: {text}}}\n"
