@@ -510,6 +510,19 @@ def _load_unique_keys(path: Path | str, text: str) -> Any:
         loader.dispose()
 
 
+def _yaml_error_place(error: yaml.YAMLError, text: str) -> str:
+    """' line L, column C:' where the error lies in ``text``, else ''. A character YAML refuses (a
+    control character pasted in, invisible in an editor) has only its offset in the text."""
+    mark = getattr(error, "problem_mark", None)
+    if mark is not None:
+        return f" line {mark.line + 1}, column {mark.column + 1}:"
+    if isinstance(error, yaml.reader.ReaderError):
+        line = text.count("\n", 0, error.position) + 1
+        column = error.position - (text.rfind("\n", 0, error.position) + 1) + 1
+        return f" line {line}, column {column}:"
+    return ""
+
+
 def read_yaml(path: str | Path) -> dict:
     path = Path(path)
     try:
@@ -525,10 +538,8 @@ def read_yaml(path: str | Path) -> dict:
     try:
         values = _load_unique_keys(path, text)
     except yaml.YAMLError as e:
-        mark = getattr(e, "problem_mark", None)
-        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise NMTError(f"{path}:{where}: YAML does not parse: {problem}") from None
+        raise NMTError(f"{path}:{_yaml_error_place(e, text)} YAML does not parse: {problem}") from None
     if values is None:
         raise NMTError(f"{path}: the config file is empty")
     if not isinstance(values, dict):

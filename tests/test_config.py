@@ -121,6 +121,13 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path):
         load_config(path)
 
 
+@pytest.mark.parametrize("character", ["\x00", "\x1b", "\x0c"])
+def test_a_control_character_in_a_config_is_an_error_naming_its_line_and_column(tmp_path, character):
+    path = write(tmp_path, f"data: {{train: a, dev: b}}\ntrain:\n  max_minutes: 5{character}\n")
+    with pytest.raises(NMTError, match=r"c.yaml: line 3, column 17: YAML does not parse: unacceptable character"):
+        load_config(path)
+
+
 def test_missing_and_empty_config(tmp_path):
     with pytest.raises(NMTError, match="no such config file"):
         load_config(tmp_path / "nope.yaml")
