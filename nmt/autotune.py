@@ -89,7 +89,7 @@ class Choice:
     attention: str
     threads: int | None  # CPU intra-op threads; None on a GPU
     timings: dict[str, dict[str, float]] = field(default_factory=dict)  # dimension -> candidate -> ms
-    source: str = "config"  # config | measured | cached
+    source: str = "config"  # config | measured | cached | kept (by a resumed run: run_record)
     measured_on: str = ""
     cpu_use: float | None = None  # CPU time / (wall time x threads) while measuring, on a CPU
     fp32_matmul: str = "blas"  # library of fp32 CPU products: blas or onednn
@@ -119,7 +119,9 @@ class Choice:
             f"{dim}: " + ", ".join(f"{name} {ms:.1f}" for name, ms in options.items())
             for dim, options in self.timings.items()
         )
-        where = "cached from an earlier measurement" if self.source == "cached" else "measured now"
+        where = {"cached": "cached from an earlier measurement", "kept": "kept from the run's start"}.get(
+            self.source, "measured now"
+        )
         return f"{head} ({where} on {self.measured_on}; ms per tuning step: {figures})"
 
     def to_dict(self) -> dict:
@@ -561,10 +563,15 @@ def choose(
     log: Callable[[str], None],
     world_threads: int | None = None,
     cache: Path | None = None,
+    run_record: Path | None = None,
 ) -> Choice:
     """The settings to run with: the config's where it names them, measured (or cached) where 'auto'.
 
     ``world_threads`` fixes the thread count (ranks of a torchrun job share a machine's cores).
+    ``run_record`` is a training run's record of its choice (``RunDir.kernels_path``): a run resumed
+    on the same machine, torch and settings keeps the kernels it started with, whatever the cache
+    now says or a new measurement would find, so that it computes what the run left alone would
+    have. Elsewhere it is chosen again, and recorded.
     """
     check_precision(request.precision, device.type, bf16_available(device))
     request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
@@ -583,7 +590,37 @@ def choose(
     if world_threads is not None:
         request = replace(request, threads=world_threads)
     key = cache_key(info, shape, request)
-    path = (cache or cache_dir()) / CACHE_FILE
+    if run_record is not None:
+        kept = _kept_by_run(run_record, key, device, request, log)
+        if kept is not None:
+            return kept
+    choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log)
+    if run_record is not None and not write_cache(run_record, {key: choice.to_dict()}):
+        log(f"auto: could not write {run_record}; a resumed run chooses again")
+    return choice
+
+
+def _kept_by_run(record: Path, key: str, device: torch.device, request: Request, log) -> Choice | None:
+    """The choice ``record`` holds for ``key``: None where it holds none (a new run), or one for
+    another machine, torch or request (said in the log: the run then follows another path)."""
+    entries = read_cache(record)
+    kept = _choice_from_entry(entries.get(key), device, request)
+    if kept is not None:
+        return replace(kept, source="kept")
+    if entries:
+        log(
+            f"auto: {record} holds the choice for other settings, another machine or another torch; choosing again "
+            "(the resumed run computes in other kernels from here on)"
+        )
+    return None
+
+
+def _cached_or_measured(
+    request: Request, shape: Shape, device: torch.device, world_threads, key: str, info: dict, cache: Path, log
+) -> Choice:
+    """The machine's cached choice for ``key``, or a new measurement (cached unless other jobs
+    shared the cores while it ran)."""
+    path = cache / CACHE_FILE
     cached = _choice_from_entry(read_cache(path).get(key), device, request)
     if cached is not None:
         return cached

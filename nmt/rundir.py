@@ -323,6 +323,11 @@ class RunDir:
     def tune_decode_path(self) -> Path:
         return self.path / "tune_decode.json"
 
+    @property
+    def kernels_path(self) -> Path:
+        """What ``auto`` chose when the run last started (``autotune.choose``'s ``run_record``)."""
+        return self.path / "kernels.json"
+
     def tokenizer_paths(self, cfg: Config) -> tuple[Path, Path]:
         """The SentencePiece model file(s): one joint ``spm.model``, or one per language."""
         if cfg.tokenizer.joint:
@@ -473,6 +478,7 @@ class RunDir:
             self.log_path,
             self.dev_hyp_path,
             self.tune_decode_path,
+            self.kernels_path,
             self._lock.path,
         ]
 

@@ -343,7 +343,7 @@ class Trainer:
         )
         if self.device.type == "cpu":  # after the data, before the first product (auto's measurement)
             self._size_kernel_cache()
-        self.choice = self._choose_kernels(tok.vocab_size)
+        self.choice = self._choose_kernels(tok.vocab_size, resume)
         self.precision = Precision(self.device.type, self.choice.precision)
         torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
@@ -417,9 +417,11 @@ class Trainer:
         capacity = size_onednn_cache(shapes, self.world.local_world_size)
         self.log(f"oneDNN kernel cache: {capacity} kernels ({chosen_by}batch shapes in an epoch: {shapes})")
 
-    def _choose_kernels(self, vocab_size: int) -> autotune.Choice:
+    def _choose_kernels(self, vocab_size: int, resume: bool) -> autotune.Choice:
         """Precision, attention kernel and threads: the config's, or measured where it says auto.
-        Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores."""
+        Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores.
+        A run that may resume keeps the choice it started with (``kernels.json``); a resume in other
+        kernels would not compute what the run left alone would have."""
         cfg, world = self.cfg, self.world
         world_threads = None
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
@@ -430,7 +432,15 @@ class Trainer:
                 return None
             request, t, d = autotune.Request.from_train(cfg.train), cfg.train, cfg.data
             return autotune.choose(
-                request, cfg.model, vocab_size, t.max_tokens, d.max_len, self.device, self.log, world_threads
+                request,
+                cfg.model,
+                vocab_size,
+                t.max_tokens,
+                d.max_len,
+                self.device,
+                self.log,
+                world_threads,
+                run_record=self.run.kernels_path if resume else None,
             )
 
         choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)

@@ -182,6 +182,39 @@ def test_another_torch_or_another_cpu_flag_is_measured_again(tmp_path, counted, 
     assert len(counted) == 3
 
 
+def test_a_resumed_run_keeps_the_kernels_it_started_with(tmp_path, monkeypatch):
+    """A run resumed on the same machine computes in the kernels it started with, even where the
+    machine's cache was cleared or a measurement on busy cores (never cached) would choose others:
+    other kernels round otherwise, and the resumed run would not be the run left alone. On another
+    machine it chooses again and says so."""
+    picks = iter([("fp32", "sdpa", "blas"), ("bf16", "explicit", "onednn"), ("bf16", "explicit", "onednn")])
+
+    def measure(request, shape, device, world_threads=None):
+        precision, attention, library = next(picks)
+        timings = {"precision/attention": {f"{precision}/{attention}": 1.0}}
+        return autotune.Choice(precision, attention, 1, timings, "measured", "x", cpu_use=0.3, fp32_matmul=library)
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setattr(autotune, "bf16_available", lambda device: True)
+    record, lines = tmp_path / "run" / "kernels.json", []
+
+    def choose(cache: str) -> autotune.Choice:
+        log = lines.append
+        return autotune.choose(Request(), SMALL, 50, 4096, 100, CPU, log, cache=tmp_path / cache, run_record=record)
+
+    first = choose("cache-1")  # busy cores: not cached, but recorded by the run
+    assert first.source == "measured" and not (tmp_path / "cache-1" / autotune.CACHE_FILE).exists()
+    resumed = choose("cache-2")  # an empty cache: the machine's choice would now be measured again
+    assert resumed.source == "kept" and "kept from the run's start" in resumed.describe()
+    assert (resumed.precision, resumed.attention, resumed.fp32_matmul) == ("fp32", "sdpa", "blas")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")  # resumed on another (emulated) machine
+    moved = choose("cache-2")
+    assert moved.source == "measured" and (moved.precision, moved.fp32_matmul) == ("bf16", "onednn")
+    assert any("holds the choice for other settings, another machine or another torch" in m for m in lines)
+    again = choose("cache-3")  # resumed there once more: the new choice was recorded
+    assert again.source == "kept" and again.precision == "bf16"
+
+
 def test_nothing_auto_measures_nothing(tmp_path, counted):
     choice = _choose(tmp_path, Request("fp32", "explicit", 1, "blas"))
     assert (choice.precision, choice.attention, choice.threads, choice.source) == ("fp32", "explicit", 1, "config")

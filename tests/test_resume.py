@@ -511,3 +511,26 @@ def test_a_run_extended_from_an_end_off_the_validation_grid_warns_that_its_last_
     assert (note in err) == warned and err.count("warning: the run ended") == int(warned)
     assert main(["train", "--config", str(config), "--set", "train.max_updates=10"]) == 0
     assert "warning: the run ended" not in capsys.readouterr().err  # a finished run stays finished: nothing to say
+
+
+def test_a_resumed_run_computes_in_the_kernels_it_started_with(tmp_path, monkeypatch, capsys):
+    """Under auto, a resume does not measure again: a measurement on busy cores (not cached) or a
+    cleared cache could choose another attention kernel or product library, which round otherwise."""
+    from nmt import autotune
+
+    picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
+
+    def measure(request, shape, device, world_threads=None):
+        attention, library = next(picks)
+        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10, attention="auto", fp32_matmul="auto")
+    assert main(["train", "--config", str(config)]) == 0
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=30"]) == 0
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert (
+        "kept from the run's start" in log
+        and "attention explicit" in log.split("kept from the run's start")[0].splitlines()[-1]
+    )
+    assert "attention sdpa" not in log
