@@ -276,8 +276,36 @@ _SCHEMA = Schema(_RANGES, {ModelConfig: _model_section, CorpusConfig: _corpus}, 
 
 
 def _check_consistency(cfg: Config) -> None:
+    """What a run needs to be built, read and decoded with: checked for every config."""
+    cfg.model.check()
+    if cfg.model.tie_embeddings and not cfg.tokenizer.joint:
+        raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
+    if not cfg.run_dir:  # Path("") is the working directory: the run would fill it
+        raise NMTError("config key 'run_dir': empty: name the run's directory")
+    if not cfg.data.train.path:
+        raise NMTError("config key 'data.train': no training corpus given")
+    if not cfg.data.dev.path:
+        raise NMTError("config key 'data.dev': no dev corpus given")
+    if cfg.data.test is not None and not cfg.data.test.path:
+        raise NMTError("config key 'data.test': the corpus path is empty (null or no key means no test set)")
+    for key, beam_size in (
+        ("decode.beam_size", cfg.decode.beam_size),
+        ("train.validate_beam_size", cfg.train.validate_beam_size),  # nmt average validates too
+    ):
+        check_beam_size(beam_size, cfg.tokenizer.vocab_size, f"config key '{key}':")
+    if cfg.decode.nbest > cfg.decode.beam_size:
+        raise NMTError(
+            f"config key 'decode.nbest': {cfg.decode.nbest} is more than decode.beam_size {cfg.decode.beam_size}"
+        )
+    if cfg.data.src_lang == cfg.data.trg_lang:
+        raise NMTError("config key 'data.trg_lang': source and target language are the same")
+
+
+def _check_training(cfg: Config) -> None:
+    """Settings only training reads. A run's own config.yaml is read without these checks: an
+    earlier version may have trained it with a value they refuse now, and the run must still
+    translate, export and be scored; training with that config is still refused."""
     m, t = cfg.model, cfg.train
-    m.check()
     # A training pair of max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
     # decoder input). Sinusoids are computed for any length, but decoding and export stop at
     # max_positions: a model trained on longer pairs could not translate them.
@@ -292,8 +320,6 @@ def _check_consistency(cfg: Config) -> None:
             f"config key 'train.attention': {t.attention} chooses the Transformer's attention kernel; "
             f"model.type '{m.type}' has none to choose (leave it auto)"
         )
-    if m.tie_embeddings and not cfg.tokenizer.joint:
-        raise NMTError("config key 'model.tie_embeddings': needs 'tokenizer.joint: true' (one shared vocabulary)")
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:
         raise NMTError("config key 'train.max_updates': set at least one of max_updates, max_epochs, max_minutes")
     if t.max_updates is not None and t.warmup_updates > t.max_updates:
@@ -321,25 +347,6 @@ def _check_consistency(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates, max_updates or max_minutes"
         )
-    if not cfg.run_dir:  # Path("") is the working directory: the run would fill it
-        raise NMTError("config key 'run_dir': empty: name the run's directory")
-    if not cfg.data.train.path:
-        raise NMTError("config key 'data.train': no training corpus given")
-    if not cfg.data.dev.path:
-        raise NMTError("config key 'data.dev': no dev corpus given")
-    if cfg.data.test is not None and not cfg.data.test.path:
-        raise NMTError("config key 'data.test': the corpus path is empty (null or no key means no test set)")
-    for key, beam_size in (
-        ("decode.beam_size", cfg.decode.beam_size),
-        ("train.validate_beam_size", t.validate_beam_size),
-    ):
-        check_beam_size(beam_size, cfg.tokenizer.vocab_size, f"config key '{key}':")
-    if cfg.decode.nbest > cfg.decode.beam_size:
-        raise NMTError(
-            f"config key 'decode.nbest': {cfg.decode.nbest} is more than decode.beam_size {cfg.decode.beam_size}"
-        )
-    if cfg.data.src_lang == cfg.data.trg_lang:
-        raise NMTError("config key 'data.trg_lang': source and target language are the same")
 
 
 def _check_corpus_formats(cfg: Config) -> None:
@@ -393,13 +400,18 @@ def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) 
     return dataclasses.replace(cfg, run_dir=str(Path(os.path.normpath(run_dir.absolute()))), data=data)
 
 
-def config_from_dict(values: dict, base_dir: Path | None = None, command_line: set[str] = frozenset()) -> Config:
+def config_from_dict(
+    values: dict, base_dir: Path | None = None, command_line: set[str] = frozenset(), training: bool = True
+) -> Config:
     """Build and check a Config. With ``base_dir``, relative paths are resolved against it
-    (``command_line`` keys against the working directory; see ``anchor_paths``)."""
+    (``command_line`` keys against the working directory; see ``anchor_paths``). ``training``:
+    also check the settings only training reads (``_check_training``)."""
     if not isinstance(values, dict):
         raise NMTError("config: the top level must be a mapping of sections")
     cfg = _SCHEMA.build(Config, values, "")
     _check_consistency(cfg)
+    if training:
+        _check_training(cfg)
     if base_dir is not None:
         cfg = anchor_paths(cfg, base_dir, command_line)
     _check_corpus_formats(cfg)
@@ -549,17 +561,18 @@ def read_yaml(path: str | Path) -> dict:
     return values
 
 
-def load_config(path: str | Path, overrides: list[str] | None = None) -> Config:
+def load_config(path: str | Path, overrides: list[str] | None = None, training: bool = True) -> Config:
     """Read a YAML config, apply ``--set`` overrides, check everything once.
 
     Relative paths in the file are read against the file's directory; those given with ``--set``
-    against the working directory. The Config holds them absolute.
+    against the working directory. The Config holds them absolute. ``training=False`` reads a
+    run's own config to use what it trained: settings only training reads are not checked.
     """
     path, overrides = Path(path), overrides or []
     values = read_yaml(path)
     command_line = apply_overrides(values, overrides)
     try:
-        return config_from_dict(values, path.absolute().parent, command_line)
+        return config_from_dict(values, path.absolute().parent, command_line, training)
     except NMTError as e:
         raise NMTError(f"{_error_source(str(e), path, overrides)}: {e}") from None
 

@@ -352,7 +352,10 @@ class RunDir:
         return run
 
     def config(self) -> Config:
-        return load_config(self.config_path)
+        """The run's config, to use what it trained: a training setting an earlier version accepted
+        and this one refuses (``train.attention: sdpa`` on an RNN) does not stop it; resuming with
+        it as ``--config`` still checks it."""
+        return load_config(self.config_path, training=False)
 
     def config_reading(self, *splits: str) -> Config:
         """The run's config, for a command that reads its corpora ``splits`` (see ``check_saved_corpora``)."""

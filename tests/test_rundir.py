@@ -467,6 +467,38 @@ def test_a_changed_config_is_named_with_its_key(trained, tmp_path):
     one_line_error(done, "model.ff_size is 128 in the checkpoint, 256 in config.yaml")
 
 
+def _edit_config(run: Path, section: str, **values) -> None:
+    saved = yaml.safe_load((run / "config.yaml").read_text())
+    saved[section].update(values)
+    (run / "config.yaml").write_text(yaml.safe_dump(saved))
+
+
+@pytest.mark.parametrize(
+    "model_type, train, key",
+    [
+        # accepted, and ignored, before the LSTM's kernel became an error; as was a decay the schedule does not use
+        ("rnn", {"attention": "explicit"}, "train.attention"),
+        ("transformer", {"schedule": "inverse_sqrt", "decay_updates": 100}, "train.decay_updates"),
+    ],
+)
+def test_a_training_setting_refused_since_the_run_trained_does_not_stop_using_it(
+    tmp_path, capsys, model_type, train, key
+):
+    config = tiny_config(tmp_path, model_type, max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    run, src, ref = tmp_path / "run", tmp_path / "data" / "train.de", tmp_path / "data" / "train.en"
+    _edit_config(run, "train", **train)  # what an earlier version wrote into config.yaml
+    out = tmp_path / "out.txt"
+    assert main(["translate", "--model", str(run), "-i", str(src), "-o", str(out)]) == 0
+    assert len(out.read_text().splitlines()) == len(PAIRS)
+    assert main(["eval-bleu", "--model", str(run), "--src", str(src), "--ref", str(ref)]) == 0
+    capsys.readouterr()
+    # Training with that config is still refused, naming the key.
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=3"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"config key '{key}'" in err, err
+
+
 def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(trained, tmp_path):
     # best_*.pt deleted to save disk, or left out of a copy: 'auto' used to fall back silently to the
     # averaged model or the newest training state, another model than the README promises.
