@@ -159,8 +159,18 @@ def open_output(path: str | None, inputs: list[Path], option: str, collect: bool
         if sys.stdout is None and not collect:  # started with stdout closed (>&-)
             raise NMTError(f"standard output is closed: give {option} FILE")
         return CollectedLines() if collect else StdoutLines()
+    check_file_name(path, option)
     check_output(Path(path), inputs, option)
     return CollectedFileLines(Path(path)) if collect else LineWriter(Path(path))
+
+
+def check_file_name(path: str, option: str) -> None:
+    """Refuse an output name that names a directory by its spelling (``out/``, ``out/.``):
+    ``Path`` drops the trailing slash or dot, so ``-o missing/`` would be written as a file named
+    ``missing``, where ``cp`` and a shell's ``>`` refuse it."""
+    if os.path.basename(path) in ("", ".", "..") and not Path(path).is_dir():
+        example = f"{path.rstrip('/.')}/out.txt"
+        raise NMTError(f"{option} {path}: names a directory, expected a file name (e.g. {example})")
 
 
 def input_file(path: str | None, option: str) -> Path | None:

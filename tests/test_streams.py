@@ -6,11 +6,12 @@ from __future__ import annotations
 import io
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from nmt.errors import NMTError
-from nmt.streams import input_windows
+from nmt.streams import input_windows, open_output
 
 
 def windows_over_a_pipe(monkeypatch, chunks: list[bytes]) -> list[list[str]]:
@@ -71,3 +72,12 @@ def test_every_line_before_a_bad_one_is_handed_on_before_the_error(monkeypatch, 
     windows, error = windows_until_error(input_windows(path, 3))
     assert windows == [["a", "b", ""], ["c"]]
     assert error == f"{name}:5: not valid UTF-8"
+
+
+@pytest.mark.parametrize("name", ["missing/", "missing/.", "missing//"])
+def test_an_output_named_as_a_directory_is_refused_not_written_as_a_file(tmp_path, monkeypatch, name):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(NMTError, match="names a directory, expected a file name"):
+        open_output(name, [], "--output")
+    assert list(tmp_path.iterdir()) == []
+    assert open_output("missing.txt", [], "--output").path == Path("missing.txt")  # a file name is one
