@@ -525,6 +525,7 @@ def test_a_resumed_run_computes_in_the_kernels_it_started_with(tmp_path, monkeyp
         return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
 
     monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # not the session's: this shape may be cached there
     config = tiny_config(tmp_path, max_updates=20, validate_every=10, attention="auto", fp32_matmul="auto")
     assert main(["train", "--config", str(config)]) == 0
     assert main(["train", "--config", str(config), "--set", "train.max_updates=30"]) == 0
