@@ -74,3 +74,27 @@ def test_add_dropout_of_a_bf16_sublayer_keeps_the_dtypes():
 def test_add_dropout_without_dropout_is_the_sum():
     x, h = torch.randn(4, 4), torch.randn(4, 4)
     assert torch.equal(add_dropout(x, h, 0.0), x + h)
+
+
+@pytest.mark.parametrize("p", [0.001, 0.002, 0.01, 0.999])
+def test_a_rate_bytes_cannot_apply_is_applied_exactly(p):
+    """Byte masks round a rate to 1/256: 0.001 would drop nothing, 0.999 everything, 0.002 twice as
+    much. Such rates are applied as asked, by the module and by the residual sum alike."""
+    x = torch.ones(1000, 1000)
+    torch.manual_seed(0)
+    dropped = (Dropout(p).train()(x) == 0).float().mean().item()
+    summed = add_dropout(torch.zeros_like(x), x, p)
+    dropped_in_sum = (summed == 0).float().mean().item()
+    tolerance = 5 * (p * (1 - p) / x.numel()) ** 0.5  # 5 standard deviations of 1e6 draws
+    assert abs(dropped - p) < tolerance and abs(dropped_in_sum - p) < tolerance
+    kept = summed[summed != 0]
+    assert torch.allclose(kept, torch.full_like(kept, 1 / (1 - p)))
+
+
+@pytest.mark.parametrize("p", [0.1, 0.3, 0.9])
+def test_the_usual_rates_keep_byte_masks(p):
+    """From 0.1 to 0.9 the byte masks' rate is within 2% of p and of 1 - p: they stay, as p_eff."""
+    torch.manual_seed(0)
+    y = Dropout(p).train()(torch.ones(1000, 1000))
+    torch.manual_seed(0)
+    assert torch.equal(y, byte_dropout(torch.ones(1000, 1000), p))
