@@ -1,5 +1,6 @@
 """Greedy and beam search on random Transformers and on a hand-made oracle model."""
 
+import itertools
 import math
 from dataclasses import replace
 
@@ -7,6 +8,7 @@ import pytest
 import torch
 
 from nmt.models.base import Seq2Seq
+from nmt.models.rnn import RNNConfig, RNNSeq2Seq
 from nmt.models.transformer import Transformer, TransformerConfig
 from nmt.search import (
     MAX_STEPS,
@@ -417,3 +419,96 @@ def test_search_never_emits_pad_or_bos_and_keeps_the_other_log_probs():
         assert h.log_prob == pytest.approx(
             sequence_logprob(model, src[i : i + 1], mask[i : i + 1], h.tokens, ended), abs=1e-4
         )
+
+
+# ---------------------------------------------------------------------------- against a plain reference
+
+
+class EosBiasedRNN(RNNSeq2Seq):
+    """A random LSTM/GRU with a bias on the EOS logit, as ``EosBiased``."""
+
+    def project(self, h):
+        logits = super().project(h)
+        return logits + torch.nn.functional.one_hot(torch.tensor(EOS), V).to(logits.dtype) * 1.5
+
+
+def small_models():
+    """Random fp32 models of every decoder kind whose incremental state the search drives."""
+    torch.manual_seed(0)
+    tf = dict(d_model=16, ff_size=32, encoder_layers=2, decoder_layers=2, heads=2, dropout=0.0)
+    post = EosBiased(TransformerConfig(**tf), V, V, PAD).eval()
+    pre = EosBiased(TransformerConfig(**tf, norm="pre", tie_embeddings=False, tie_output=False), V, V, PAD).eval()
+    for model in (post, pre):
+        model.eos_bias = 1.5
+    rnn = dict(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=2, dropout=0.0)
+    lstm = EosBiasedRNN(RNNConfig(**rnn, attention="general"), V, V, PAD).eval()
+    gru = EosBiasedRNN(RNNConfig(**rnn, rnn_cell="gru", input_feeding=False), V, V, PAD).eval()
+    return {"transformer post": post, "transformer pre untied": pre, "lstm feeding": lstm, "gru": gru}
+
+
+class PrefixScores:
+    """log p(. | prefix, x) of one sentence from a teacher-forced pass over the whole prefix (no
+    decoder state), remembered: the reference searches below ask for the same prefixes again."""
+
+    def __init__(self, model, src, mask):
+        self.model, self.src, self.mask, self.known = model, src, mask, {}
+
+    def __call__(self, ids: list[int]) -> list[float]:
+        if tuple(ids) not in self.known:
+            with torch.no_grad():
+                logits = self.model(self.src, self.mask, torch.tensor([[BOS] + ids]))[0, -1]
+            self.known[tuple(ids)] = torch.log_softmax(logits.float(), dim=-1).tolist()
+        return self.known[tuple(ids)]
+
+
+def plain_beam(next_log_probs: PrefixScores, max_len: int, K: int, lp: float) -> list[tuple[list[int], float]]:
+    """Beam search over one sentence as ``beam_search`` documents it, written plainly: every beam
+    expanded by every word, the 2K best continuations, those among the best K that end in EOS
+    finished, the best K others kept; the sentence stops at max_len or once it has K finished and
+    its best live beam's log p / length so far ** lp is at most the K-th finished score.
+    -> [(tokens, score)] of its K best, best first."""
+    beams, finished = [(0.0, [])], []  # (summed log-probability, ids)
+    for t in range(max_len):
+        cand = []
+        for log_p, ids in beams:
+            row = next_log_probs(ids)
+            cand += [(log_p + row[y], ids + [y]) for y in range(V) if y not in (PAD, BOS)]
+        top = sorted(cand, key=lambda c: -c[0])[: 2 * K]
+        finished += [(s / (t + 1) ** lp, ids[:-1]) for s, ids in top[:K] if ids[-1] == EOS]
+        beams = [c for c in top if c[1][-1] != EOS][:K]
+        if t + 1 == max_len:
+            finished += [(s / max_len**lp, ids) for s, ids in beams]
+        elif len(finished) >= K and beams[0][0] / (t + 1) ** lp <= sorted(s for s, _ in finished)[-K]:
+            break
+    finished.sort(key=lambda h: -h[0])
+    return [(ids, score) for score, ids in finished[:K]]
+
+
+@pytest.fixture
+def one_thread():
+    """Tiny models gain nothing from threads, and lose much on a busy machine (threads spin-wait)."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)
+
+
+@pytest.mark.parametrize("name", ["transformer post", "transformer pre untied", "lstm feeding", "gru"])
+def test_batched_beam_search_equals_a_plain_reference(name, one_thread):
+    """Beam sizes 1-5, length penalties 0-2 and two length limits, four sentences of different
+    lengths in one padded batch: the same n-best lists, tokens and scores, as the plain search of
+    each sentence alone (which also checks the decoder's cached steps against full passes)."""
+    model = small_models()[name]
+    src, mask = sources(5, lengths=(5, 2, 7, 3))
+    alone = [PrefixScores(model, src[i : i + 1, :n], mask[i : i + 1, :n]) for i, n in enumerate(mask.sum(1).tolist())]
+    ended = cut = 0
+    for K, lp, (a, b) in itertools.product(range(1, 6), (0.0, 0.6, 1.0, 2.0), ((0.5, 1), (1.0, 4))):
+        limits = max_output_lengths(mask, a, b)
+        out = beam_search(model, src, mask, limits, K, lp, BOS, EOS, nbest=K)
+        for i, hyps in enumerate(out):
+            reference = plain_beam(alone[i], int(limits[i]), K, lp)
+            assert [h.tokens for h in hyps] == [ids for ids, _ in reference], (K, lp, a, b, i)
+            assert [h.score(lp) for h in hyps] == pytest.approx([s for _, s in reference], abs=1e-4)
+            ended += sum(h.steps == len(h.tokens) + 1 for h in hyps)
+            cut += sum(h.steps == len(h.tokens) for h in hyps)
+    assert ended and cut  # both ends of a hypothesis occur
