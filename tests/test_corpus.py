@@ -294,6 +294,32 @@ def test_corpora_with_old_mac_line_ends_read_pair_by_pair(tmp_path):
 # --------------------------------------------------------------------------- Hugging Face datasets
 
 
+@pytest.mark.parametrize("installed", ["2.14.0", "2.17.1"])
+def test_a_datasets_older_than_the_floor_is_refused_in_one_line(tmp_path, monkeypatch, installed):
+    """datasets 2.14, pyproject's old floor, has no datasets.exceptions: a ModuleNotFoundError traceback."""
+    import importlib.metadata
+
+    real_version = importlib.metadata.version
+    monkeypatch.setattr(
+        importlib.metadata, "version", lambda name: installed if name == "datasets" else real_version(name)
+    )
+    (tmp_path / "ds").mkdir()
+    with pytest.raises(NMTError) as err:
+        read_parallel(CorpusConfig(path=str(tmp_path / "ds"), format="hf"), "de", "en")
+    assert _one_line(err) == (
+        f"{tmp_path / 'ds'}: reading a Hugging Face dataset needs datasets 2.18 or later, not {installed}: "
+        "pip install 'datasets>=2.18'"
+    )
+
+
+def test_the_datasets_floor_is_pyprojects():
+    from nmt import corpus
+
+    pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    assert f'"datasets>={corpus.OLDEST_DATASETS}",' in pyproject
+    corpus._check_datasets_version("corpus")  # the datasets running this test
+
+
 def test_hf_saved_dataset_with_translation_column(tmp_path):
     datasets = pytest.importorskip("datasets")
     rows = [{"de": d, "en": e} for d, e in zip(DE, EN)]
