@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import math
 import re
 import signal
@@ -15,6 +14,7 @@ from nmt import commands
 from nmt.console import say
 from nmt.errors import NMTError
 from nmt.files import storage_error, write_error_message
+from nmt.versions import check_dependencies
 
 
 def _int_at_least(low: int, expected: str) -> Callable[[str], int]:
@@ -304,33 +304,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-# The oldest torch nmt runs on, pyproject.toml's floor. torch 2.2 has no torch.amp.GradScaler (every
-# `nmt train` stopped in a traceback), no CPU loss scaling, and its wheels cannot read NumPy 2 arrays;
-# on 2.3.1 a port already taken added torch's own lines to our one-line error. The suite ran on 2.4.1
-# (README, "Set-up").
-OLDEST_TORCH = "2.4.1"
-
-
-def release(version: str) -> tuple[int, ...]:
-    """A version's release numbers: "2.13.0+cpu" -> (2, 13, 0), "2.4.0a0+git1" -> (2, 4, 0)."""
-    numbers = re.match(r"\d+(\.\d+)*", version)
-    return tuple(int(part) for part in numbers.group(0).split(".")) if numbers else ()
-
-
-def check_torch() -> None:
-    """Refuse an installed torch older than OLDEST_TORCH in one line, read from the package's
-    metadata (importing torch takes seconds): a command would fail later on an API it lacks."""
-    try:
-        installed = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:  # built in place, without metadata: not judged
-        return
-    if release(installed) < release(OLDEST_TORCH):
-        raise NMTError(
-            f"torch {installed} is older than {OLDEST_TORCH}, the oldest nmt runs on: "
-            f"pip install 'torch>={OLDEST_TORCH}'"
-        )
-
-
 def main(argv: list[str] | None = None) -> int:
     from nmt.openmp import limit_spinning
 
@@ -380,7 +353,7 @@ def _run(args: argparse.Namespace) -> int:
 
     try:
         with sigterm_interrupts():  # ``kill`` stops any command as Ctrl-C does: its clean-up runs
-            check_torch()
+            check_dependencies()
             return args.func(args)
     except NMTError as e:
         message = str(e).replace("\n", " ")

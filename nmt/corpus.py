@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import gzip
-import importlib.metadata
 import logging
 import os
 import re
@@ -27,6 +26,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from nmt.errors import NMTError
+from nmt.versions import OLDEST_DATASETS, older_than
 
 
 @dataclass
@@ -347,21 +347,10 @@ def _datasets_log_quiet() -> Iterator[None]:
             handler.removeFilter(_below_error)
 
 
-# The oldest datasets nmt reads with, pyproject.toml's floor. 2.14 and 2.15 lack datasets.exceptions
-# (a ModuleNotFoundError traceback; 2.14 does not even import beside a current pyarrow), and 2.16 and
-# 2.17 cannot read a CSV or TSV data file with the pandas 3 pip installs beside them.
-OLDEST_DATASETS = "2.18"
-
-
 def _check_datasets_version(corpus: str) -> None:
     """Refuse a datasets older than OLDEST_DATASETS in one line, before importing it (which may fail)."""
-    from nmt.cli import release
-
-    try:
-        installed = importlib.metadata.version("datasets")
-    except importlib.metadata.PackageNotFoundError:  # not installed, or without metadata: the import says
-        return
-    if release(installed) < release(OLDEST_DATASETS):
+    installed = older_than("datasets", OLDEST_DATASETS)
+    if installed is not None:
         raise NMTError(
             f"{corpus}: reading a Hugging Face dataset needs datasets {OLDEST_DATASETS} or later, "
             f"not {installed}: pip install 'datasets>={OLDEST_DATASETS}'"

@@ -665,17 +665,31 @@ def test_a_torch_older_than_the_floor_is_refused_in_one_line(monkeypatch, tmp_pa
     )
 
 
-def test_the_torch_floor_is_pyprojects_and_later_releases_pass():
-    from nmt import cli
+def test_the_dependency_floors_are_pyprojects_and_later_releases_pass():
+    from nmt import versions
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
-    assert f'"torch>={cli.OLDEST_TORCH}",' in pyproject
-    assert cli.release("2.13.0+cpu") == (2, 13, 0) and cli.release("2.4.0a0+git1a2b") == (2, 4, 0)
+    for package, oldest in versions.OLDEST.items():
+        assert f'"{package}>={oldest}",' in pyproject
+    assert versions.release("2.13.0+cpu") == (2, 13, 0) and versions.release("2.4.0a0+git1a2b") == (2, 4, 0)
     for later in ("2.4.1", "2.4.1+cu121", "2.5.0", "2.13.0+cpu", "3.0"):
-        assert cli.release(later) >= cli.release(cli.OLDEST_TORCH)
+        assert versions.release(later) >= versions.release(versions.OLDEST["torch"])
     for older in ("2.2.2", "2.3.1", "2.4.0", "1.13.1"):
-        assert cli.release(older) < cli.release(cli.OLDEST_TORCH)
-    cli.check_torch()  # the torch running this test
+        assert versions.release(older) < versions.release(versions.OLDEST["torch"])
+    versions.check_dependencies()  # the packages running this test
+
+
+def test_a_sentencepiece_older_than_its_floor_is_refused_in_one_line(monkeypatch, capsys):
+    """sentencepiece 0.2.0-0.2.2 turn a tab into ' ⁇ ' under nfkc or identity normalization, in silence."""
+    import importlib.metadata
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.2.2" if name == "sentencepiece" else real(name))
+    code, out, err = run_cli(["eval-bleu", "--hyp", "x", "--ref", "x"], capsys)
+    assert code == 2 and err == (
+        "nmt eval-bleu: error: sentencepiece 0.2.2 is older than 0.2.3, the oldest nmt runs on: "
+        "pip install 'sentencepiece>=0.2.3'\n"
+    )
 
 
 def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path):
