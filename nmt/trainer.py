@@ -257,6 +257,10 @@ class Trainer:
         self.world = distributed.world_from_environment()
         self._plan: tuple[tuple, BatchPlan] | None = None  # (what it was made with, the plan)
         self._lengths_digest: str | None = None
+        self._state_written_at = 0  # the update of the newest training state written or resumed from (0: none)
+        # Set by the training loop (``nmt.training.run``): an update that fails before its optimizer step
+        # first writes the state of the one before. Off elsewhere: ``nmt bench`` never writes a checkpoint.
+        self.save_before_failed_update = False
 
     def log(self, message: str) -> None:
         """To the console and to ``train.log`` in the run directory (rank 0 only)."""
@@ -460,6 +464,7 @@ class Trainer:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
+        self._state_written_at = self.progress.update
         checkpoint.set_rng_state(state["rng"])
         p = self.progress
         best = f"best BLEU {p.best_bleu:.2f}" if p.last_validated >= 0 else "no validation yet"
@@ -558,7 +563,7 @@ class Trainer:
         The loss is summed over tokens and divided by the update's target-token count, so an
         update with accumulation, or over several ranks, equals one large batch.
         """
-        cfg, data, tok, world = self.cfg.train, self.data.train, self.data.trg_tok, self.world
+        cfg, data, world = self.cfg.train, self.data.train, self.world
         p = self.progress
         testhooks.at_update(world.rank, p.update + 1, "start")
         mine, weight = distributed.share(group, world), 1.0
@@ -566,28 +571,17 @@ class Trainer:
             mine, weight = group[:1], 0.0
         if world.enabled:  # dropout masks differ per rank, and do not depend on how the run was resumed
             torch.manual_seed(rank_seed(self.cfg.seed, world.rank, p.update))
-        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in mine]
-        for batch in batches:
-            self._check_ids(batch)
         # Every rank knows every pair's length, so the update's token count needs no communication.
         n_tokens = sum(int(data.trg_lens[rows].sum(dtype=np.int64)) + len(rows) for rows in group)
-        # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
-        loss_scale = world.world_size * weight
         lr = learning_rate(p.update + 1, cfg, p.elapsed_seconds)
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
-        sums = torch.zeros(2, device=self.device)  # loss and nll summed over the update, on the device
-        for i, batch in enumerate(batches):
-            batch = batch.to(self.device)
-            last = i == len(batches) - 1
-            # Gradients are all-reduced once per update, in the last backward pass.
-            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
-                loss, nll = teacher_forced_loss(
-                    self.model, self.step_model, batch, cfg.label_smoothing, tok.pad_id, self.precision
-                )
-                self.scaler.scale(loss * loss_scale / n_tokens).backward()
-            sums += torch.stack([loss.detach(), nll]) * weight
+        try:
+            batches, sums = self._gradients(mine, weight, n_tokens)
+        except Exception as e:  # nothing of this update is in the weights, the optimizer or the position yet
+            self._save_before_failed_update(e)
+            raise
         self.scaler.unscale_(self.optimizer)
         grads = [param.grad for param in self.model.parameters() if param.grad is not None]
         # One device-to-host copy per update: a GPU otherwise waits for the host after every batch.
@@ -618,6 +612,41 @@ class Trainer:
             "trg_tokens": n_tokens,
             "src_tokens": int(src_tokens),
         }
+
+    def _gradients(self, mine: list, weight: float, n_tokens: int) -> tuple[list, torch.Tensor]:
+        """Forward and backward over this rank's batches ``mine`` of an update of ``n_tokens`` target
+        tokens: gradients summed into ``.grad``; returns the batches and the loss and nll summed on the device."""
+        cfg, data, tok, world = self.cfg.train, self.data.train, self.data.trg_tok, self.world
+        batches = [make_batch(*data.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id) for rows in mine]
+        for batch in batches:
+            self._check_ids(batch)
+        # DDP averages gradients over ranks; scaling by the world size turns that into the update's sum.
+        loss_scale = world.world_size * weight
+        sums = torch.zeros(2, device=self.device)  # loss and nll summed over the update, on the device
+        for i, batch in enumerate(batches):
+            batch = batch.to(self.device)
+            last = i == len(batches) - 1
+            # Gradients are all-reduced once per update, in the last backward pass.
+            with contextlib.nullcontext() if self.ddp is None or last else self.ddp.no_sync():
+                loss, nll = teacher_forced_loss(
+                    self.model, self.step_model, batch, cfg.label_smoothing, tok.pad_id, self.precision
+                )
+                self.scaler.scale(loss * loss_scale / n_tokens).backward()
+            sums += torch.stack([loss.detach(), nll]) * weight
+        return batches, sums
+
+    def _save_before_failed_update(self, error: Exception) -> None:
+        """Rank 0 writes the training state where an update failed before its optimizer step (out of
+        memory with a batch, a damaged shard): that state is the last update's, whole, and without it
+        every update since the last validation was lost. Not where another rank went away
+        (``saved_if_a_peer_is_lost`` writes it then), nor at an update whose state is written already."""
+        p = self.progress
+        if not self.save_before_failed_update or distributed.peer_lost(error) or p.update == self._state_written_at:
+            return
+        self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
+        self.save()
+        first = (str(error).strip().splitlines() or [""])[0]
+        self.log(f"update {p.update + 1} failed ({type(error).__name__}: {first}); {self._saved()}")
 
     def _check_ids(self, batch) -> None:
         """Token ids outside the vocabularies mean a damaged shard (one of the right size; a short one
@@ -779,6 +808,7 @@ class Trainer:
             **self._fingerprint(),
         }
         self.checkpoints.save_state(state, self.progress.update)
+        self._state_written_at = self.progress.update
 
     def _saved(self) -> str:
         """Says that the checkpoint is written, and how to resume from it."""

@@ -88,6 +88,7 @@ def how_it_ended(error: BaseException) -> str:
 def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update."""
     trainer.setup(config_file=config_file)
+    trainer.save_before_failed_update = True
     p = trainer.progress
     note = extended_past_its_last_validation(trainer.cfg.train, p)
     if note is not None:

@@ -374,6 +374,70 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypat
     )
 
 
+def out_of_memory_at(monkeypatch, update: int, batch: int) -> None:
+    """The ``batch``-th batch (from 1) of update ``update`` runs out of memory as torch's CPU allocator does."""
+    import nmt.trainer
+
+    at_update, compute = testhooks.at_update, nmt.trainer.teacher_forced_loss
+    making = {"update": 0, "batches": 0}
+
+    def starting(rank, number, when):
+        if when == "start":
+            making.update(update=number, batches=0)
+        at_update(rank, number, when)
+
+    def loss(*args, **kwargs):
+        making["batches"] += 1
+        if (making["update"], making["batches"]) == (update, batch):
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
+        return compute(*args, **kwargs)
+
+    monkeypatch.setattr(testhooks, "at_update", starting)
+    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss)
+
+
+def test_an_update_that_runs_out_of_memory_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
+    # Out of memory in the second batch of update 5, two updates past the last validation: the state
+    # of update 4 is written, and the run resumed from it ends as the run left alone.
+    train = {"max_updates": 8, "validate_every": 3, "max_tokens": 40, "accumulate": 2, "warmup_updates": 1}
+    train |= {"threads": 1, "fp32_matmul": "blas", "attention": "sdpa"}
+    straight = tiny_config(tmp_path / "a", **train)
+    assert main(["train", "--config", str(straight)]) == 0
+    config = tiny_config(tmp_path / "b", **train)
+    out_of_memory_at(monkeypatch, update=5, batch=2)
+    assert main(["train", "--config", str(config)]) == 2
+    assert "nmt train: error: out of memory" in capsys.readouterr().err
+    assert final_weights(tmp_path / "b" / "run")[0] == 4
+    assert (
+        "update 5 failed (RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 "
+        "bytes.); checkpoint written at update 4; resume with: nmt train --config"
+    ) in (tmp_path / "b" / "run" / "train.log").read_text()
+    monkeypatch.undo()
+    assert main(["train", "--config", str(config)]) == 0
+    update_a, weights_a = final_weights(tmp_path / "a" / "run")
+    update_b, weights_b = final_weights(tmp_path / "b" / "run")
+    assert update_a == update_b == 8
+    for name, tensor in weights_a.items():
+        assert torch.equal(tensor, weights_b[name]), name
+
+
+def test_a_trainer_outside_the_training_loop_writes_no_checkpoint_for_a_failed_update(tmp_path, monkeypatch):
+    # nmt bench's scratch trainer never writes one: a checkpoint there would make the next bench refuse it.
+    from nmt.config import load_config
+    from nmt.rundir import RunDir
+
+    cfg = load_config(tiny_config(tmp_path, max_tokens=40, warmup_updates=1))
+    trainer = Trainer(cfg, RunDir(cfg.run_dir), lambda message: None)
+    trainer.setup(resume=False)
+    plan = trainer.epoch_plan()
+    trainer.train_step([plan[0]])
+    out_of_memory_at(monkeypatch, update=2, batch=1)
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        trainer.train_step([plan[1]])
+    trainer.close()
+    assert checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints", "update") == []
+
+
 def _run_files(run_dir) -> dict:
     return {p.relative_to(run_dir): p.read_bytes() for p in sorted(run_dir.rglob("*")) if p.is_file()}
 
