@@ -76,9 +76,13 @@ def _resume_once_there_is_space(trainer: Trainer, config_file: Path | None, over
 
 def how_it_ended(error: BaseException) -> str:
     """The line ``train.log`` ends with where a run stops on ``error``: what the console says of it."""
+    from nmt.cli import out_of_memory, out_of_memory_message  # the console's words; cli imports this module
+
     if isinstance(error, NMTError):
         message = str(error).replace("\n", " ")
         return f"error: {message}"
+    if out_of_memory(error):
+        return f"error: {out_of_memory_message('train', error)}"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
     first = (str(error).strip().splitlines() or [""])[0]

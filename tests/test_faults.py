@@ -343,7 +343,7 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
     assert all(torch.equal(model[k], resumed[k]) for k in model)
 
 
-@pytest.mark.parametrize("ending", ["signal", "bad setting"])
+@pytest.mark.parametrize("ending", ["signal", "bad setting", "out of memory"])
 def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, capsys, ending):
     # Under nohup, behind a closed pipe or a lost ssh session the console's last line is lost:
     # the log must say why the run ended, and how to resume it.
@@ -358,6 +358,12 @@ def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, 
             raise Terminated()
 
         monkeypatch.setattr(trainer_module, "dev_bleu", stopped)
+    elif ending == "out of memory":  # the console names what to lower: so must the log
+
+        def out_of_memory(*args, **kwargs):
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
+
+        monkeypatch.setattr(trainer_module, "teacher_forced_loss", out_of_memory)
     else:  # found as the tokenizer is trained, after train.log is open
         overrides = ["--set", "tokenizer.vocab_size=5000"]
     code = main(["train", "--config", str(config), *overrides])
