@@ -577,10 +577,13 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
         self.optimizer.zero_grad(set_to_none=True)
+        # The random state the update starts from: dropout draws from it, and a state written for a
+        # failed update must not count the draws of its batches that ran (the resumed run redoes them).
+        rng = checkpoint.rng_state() if self.save_before_failed_update else None
         try:
             batches, sums = self._gradients(mine, weight, n_tokens)
         except Exception as e:  # nothing of this update is in the weights, the optimizer or the position yet
-            self._save_before_failed_update(e)
+            self._save_before_failed_update(e, rng)
             raise
         self.scaler.unscale_(self.optimizer)
         grads = [param.grad for param in self.model.parameters() if param.grad is not None]
@@ -635,7 +638,7 @@ class Trainer:
             sums += torch.stack([loss.detach(), nll]) * weight
         return batches, sums
 
-    def _save_before_failed_update(self, error: Exception) -> None:
+    def _save_before_failed_update(self, error: Exception, rng: dict | None) -> None:
         """Rank 0 writes the training state where an update failed before its optimizer step (out of
         memory with a batch, a damaged shard): that state is the last update's, whole, and without it
         every update since the last validation was lost. Not where another rank went away
@@ -644,6 +647,8 @@ class Trainer:
         if not self.save_before_failed_update or distributed.peer_lost(error) or p.update == self._state_written_at:
             return
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
+        if rng is not None:
+            checkpoint.set_rng_state(rng)  # as the update found it: the process ends with the error
         self.save()
         first = (str(error).strip().splitlines() or [""])[0]
         self.log(f"update {p.update + 1} failed ({type(error).__name__}: {first}); {self._saved()}")
