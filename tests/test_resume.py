@@ -59,9 +59,9 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, library):
         assert torch.equal(tensor, weights_b[name]), name
 
 
-def sigterm_during(monkeypatch, update: int, batch: int) -> None:
-    """This process SIGTERMs itself as update ``update`` has computed the loss of its ``batch``-th
-    batch (from 1), as ``kill`` would between two batches: the update is made, then the run saved."""
+def at_batch(monkeypatch, update: int, batch: int, action) -> None:
+    """``action(compute_loss)`` stands in for the loss of update ``update``'s ``batch``-th batch (from 1);
+    every other batch's loss is computed as usual."""
     import nmt.trainer
 
     at_update, compute = testhooks.at_update, nmt.trainer.teacher_forced_loss
@@ -73,14 +73,25 @@ def sigterm_during(monkeypatch, update: int, batch: int) -> None:
         at_update(rank, number, when)
 
     def loss(*args, **kwargs):
-        result = compute(*args, **kwargs)
         making["batches"] += 1
         if (making["update"], making["batches"]) == (update, batch):
-            os.kill(os.getpid(), signal.SIGTERM)
-        return result
+            return action(lambda: compute(*args, **kwargs))
+        return compute(*args, **kwargs)
 
     monkeypatch.setattr(testhooks, "at_update", starting)
     monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss)
+
+
+def sigterm_during(monkeypatch, update: int, batch: int) -> None:
+    """This process SIGTERMs itself as update ``update`` has computed the loss of its ``batch``-th
+    batch (from 1), as ``kill`` would between two batches: the update is made, then the run saved."""
+
+    def compute_then_kill(compute_loss):
+        result = compute_loss()
+        os.kill(os.getpid(), signal.SIGTERM)
+        return result
+
+    at_batch(monkeypatch, update, batch, compute_then_kill)
 
 
 def run_outcome(run_dir: Path) -> tuple[dict, list[dict], dict]:
@@ -377,24 +388,11 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypat
 
 def out_of_memory_at(monkeypatch, update: int, batch: int) -> None:
     """The ``batch``-th batch (from 1) of update ``update`` runs out of memory as torch's CPU allocator does."""
-    import nmt.trainer
 
-    at_update, compute = testhooks.at_update, nmt.trainer.teacher_forced_loss
-    making = {"update": 0, "batches": 0}
+    def fail(compute_loss):
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
 
-    def starting(rank, number, when):
-        if when == "start":
-            making.update(update=number, batches=0)
-        at_update(rank, number, when)
-
-    def loss(*args, **kwargs):
-        making["batches"] += 1
-        if (making["update"], making["batches"]) == (update, batch):
-            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
-        return compute(*args, **kwargs)
-
-    monkeypatch.setattr(testhooks, "at_update", starting)
-    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss)
+    at_batch(monkeypatch, update, batch, fail)
 
 
 def test_an_update_that_runs_out_of_memory_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
