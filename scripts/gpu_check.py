@@ -90,8 +90,9 @@ def guarded(report: Report, check: str, run_check: Callable[[], object]) -> obje
 
 
 def demo_config(out: Path, name: str, sets: list[str]):
-    """configs/demo.yaml with its data and run under ``out``."""
+    """configs/demo.yaml with its data and run under ``out`` (relative: to the working directory)."""
     values = read_yaml(ROOT / "configs" / "demo.yaml")
+    out = out.absolute()  # the config resolves relative paths against configs/, not the working directory
     data = out / "demo-data"
     base = [
         f"run_dir={out / name}",
@@ -271,7 +272,9 @@ def has_cpp_compiler() -> bool:
 
 def check_bench(report: Report, out: Path, data: Path, quick: bool) -> None:
     """Eager, then compiled (``train.compile``): the last GPU ran eager at 5-10% of the peak, bound by
-    the host's operator launches, which compiling fuses; one scarce GPU session measures both."""
+    the host's operator launches, which compiling fuses; one scarce GPU session measures both.
+    ``out`` and ``data`` relative are to the working directory (make passes --data data/multi30k)."""
+    out, data = out.absolute(), data.absolute()  # the config would resolve them against configs/
     for label, extra in (("eager", []), ("compiled", ["train.compile=true"])):
         if label == "compiled" and quick and not has_cpp_compiler():
             skipped = "skipped: torch.compile on a CPU needs a C++ compiler (g++, c++ or clang++ on PATH)"
@@ -337,6 +340,7 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="scratch directory")
     parser.add_argument("--quick", action="store_true", help="the same logic on a CPU with small sizes")
     args = parser.parse_args()
+    args.data, args.out = args.data.absolute(), args.out.absolute()
     if not args.quick and not torch.cuda.is_available():
         print("gpu-check: error: no CUDA GPU is visible (use --quick to check the script's logic on a CPU)")
         return 2

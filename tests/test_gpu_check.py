@@ -210,3 +210,23 @@ def test_make_gpu_check_uses_a_python_whose_torch_sees_a_gpu_and_installs_nothin
     assert "scripts/gpu_check.py --data data/multi30k" in calls
     assert not any("venv" in call or "pip" in call for call in calls) and not venv.exists()
     assert "gpu-check: python3" in done.stdout
+
+
+def test_relative_data_and_out_are_read_against_the_working_directory(tmp_path, monkeypatch):
+    """make runs the script as `gpu_check.py --data data/multi30k`: the bench must read that Multi30k, not
+    configs/data/multi30k (a config resolves relative paths against its own directory)."""
+    write_corpus(tmp_path / "data" / "multi30k", "train", generate_pairs(20, seed=1))
+    monkeypatch.chdir(tmp_path)
+    seen = []
+
+    def recording_bench(cfg, *args):
+        seen.append((cfg.data.train.path, cfg.data.dev.path, cfg.run_dir))
+        return _fake_bench(cfg, *args)
+
+    monkeypatch.setattr(gpu_check.bench, "run_bench", recording_bench)
+    gpu_check.check_bench(gpu_check.Report(), Path("out"), Path("data/multi30k"), quick=False)
+    data = tmp_path / "data" / "multi30k"
+    assert seen[0] == (str(data / "train"), str(data / "val"), str(tmp_path / "out" / "bench-eager"))
+    cfg = gpu_check.demo_config(Path("out"), "agree-fp32", [])
+    assert cfg.run_dir == str(tmp_path / "out" / "agree-fp32")
+    assert cfg.data.train.path == str(tmp_path / "out" / "demo-data" / "train")
