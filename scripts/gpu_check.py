@@ -119,6 +119,14 @@ def train_run(cfg) -> tuple[Trainer, list[dict], float]:
     return trainer, [r for r in map(json.loads, lines) if r["type"] == "train"], seconds
 
 
+def captured_text(output: str | bytes | None) -> str:
+    """A timed-out process's captured output as text: subprocess gives it as bytes even with
+    ``text=True`` (decoding happens only once the process has ended), or None where there is none."""
+    if isinstance(output, bytes):
+        return output.decode("utf-8", errors="replace")
+    return output or ""
+
+
 def check_tests(report: Report, quick: bool) -> None:
     if quick:
         report.add("CUDA-marked tests", None, "skipped in --quick")
@@ -127,7 +135,7 @@ def check_tests(report: Report, quick: bool) -> None:
     try:
         done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
-        print(e.stdout[-4000:] if isinstance(e.stdout, str) else "", flush=True)
+        print(captured_text(e.stdout)[-4000:], captured_text(e.stderr)[-2000:], sep="\n", flush=True)
         report.add("CUDA-marked tests", False, f"not finished in {TESTS_TIMEOUT_S} s: stopped (their output is above)")
         return
     summary = (done.stdout.strip().splitlines() or ["no output"])[-1]

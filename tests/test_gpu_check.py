@@ -175,9 +175,12 @@ def test_without_multi30k_only_the_bench_is_not_run(tmp_path, monkeypatch, capsy
     assert verdict == "FAIL" and text.startswith(f"not run: no Multi30k in {tmp_path / 'nowhere'}")
 
 
-def test_cuda_tests_that_hang_are_stopped_and_reported(tmp_path, monkeypatch):
-    def hangs(command, **kwargs):
-        raise subprocess.TimeoutExpired(command, kwargs.get("timeout"), output="tests/test_cuda.py ....")
+def test_cuda_tests_that_hang_are_stopped_and_reported_with_their_output(tmp_path, monkeypatch, capsys):
+    real_run = subprocess.run
+
+    def hangs(command, **kwargs):  # a real process and timeout: subprocess hands its output over as bytes
+        hanging = [sys.executable, "-c", "import time; print('tests/test_cuda.py ....', flush=True); time.sleep(30)"]
+        return real_run(hanging, **{**kwargs, "timeout": 2})
 
     monkeypatch.setattr(gpu_check.subprocess, "run", hangs)
     report = gpu_check.Report()
@@ -185,6 +188,7 @@ def test_cuda_tests_that_hang_are_stopped_and_reported(tmp_path, monkeypatch):
     assert report.rows == [
         ("CUDA-marked tests", "FAIL", f"not finished in {gpu_check.TESTS_TIMEOUT_S} s: stopped (their output is above)")
     ]
+    assert "tests/test_cuda.py ...." in capsys.readouterr().out
 
 
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
