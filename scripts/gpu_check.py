@@ -13,7 +13,8 @@
 Exit status 1 if a check fails, the utilisation target included (in ``--quick`` it is only reported).
 A check that raises is a FAIL row (its traceback printed as it happens) and the others still run, so
 one scarce GPU session always ends in the summary screen; so does one without Multi30k, where only the
-bench is not run.
+bench is not run, and one that runs past ``--max-minutes`` (default 9), where the check then running is
+a FAIL row and the ones after it are not run.
 ``--quick`` runs the same logic on a CPU with small sizes (fp16 skipped), so CI keeps the script working.
 """
 
@@ -26,6 +27,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -51,21 +53,55 @@ AGREE_UPDATES = 10
 AGREE_TOLERANCE = 0.02  # |loss_bf16 - loss_fp32| / loss_fp32 over the first updates
 MFU_TARGET = 0.35
 TESTS_TIMEOUT_S = 300  # the CUDA-marked tests took under a minute on an H100; a hang must not eat the session
+# The whole check's time limit: a slow compile or a hang elsewhere must not eat the session either. It
+# fits one 10-minute command on a lent GPU machine, summary screen included.
+MAX_MINUTES = 9.0
 
 
 @dataclass
 class Report:
     rows: list[tuple[str, str, str]] = field(default_factory=list)  # (check, verdict, figures)
     figures: dict = field(default_factory=dict)
+    running: str | None = None  # the check under way (``guarded``)
+    # Held by a row being added and by the deadline's summary, which ends the process: no row after it.
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
     def add(self, check: str, ok: bool | None, text: str) -> None:
         verdict = "PASS" if ok else ("FAIL" if ok is not None else "info")
-        self.rows.append((check, verdict, text))
-        print(f"[{verdict}] {check}: {text}", flush=True)
+        with self.lock:
+            self.rows.append((check, verdict, text))
+            print(f"[{verdict}] {check}: {text}", flush=True)
 
     @property
     def failed(self) -> bool:
         return any(v == "FAIL" for _, v, _ in self.rows)
+
+    def finish(self, out: Path, title: str) -> int:
+        """Write gpu_check.json and print the summary screen; the exit status (1 where a row failed)."""
+        (out / "gpu_check.json").write_text(json.dumps({"rows": self.rows, **self.figures}, indent=1) + "\n")
+        print(f"\n== {title} ==")
+        width = max((len(c) for c, _, _ in self.rows), default=0)
+        for check, verdict, text in self.rows:
+            print(f"{verdict:5} {check:{width}}  {text}", flush=True)
+        return 1 if self.failed else 0
+
+
+def start_deadline(report: Report, minutes: float, out: Path, title: Callable[[], str]) -> threading.Timer:
+    """End the whole check after ``minutes``, whatever runs then (a compile, a hung kernel, a training
+    slower than expected): the check under way is a FAIL row, the summary screen and gpu_check.json
+    are written, and the process exits with status 1 without running the checks after it. A thread
+    of its own does it, since the main thread may be inside a call that never returns to Python."""
+
+    def expire() -> None:
+        report.add(report.running or "gpu-check", False, f"not finished within --max-minutes {minutes:g}: stopped")
+        with report.lock:
+            report.finish(out, title())
+            os._exit(1)
+
+    timer = threading.Timer(minutes * 60, expire)
+    timer.daemon = True
+    timer.start()
+    return timer
 
 
 def quiet(message: str) -> None:
@@ -81,12 +117,15 @@ def error_line(e: BaseException) -> str:
 def guarded(report: Report, check: str, run_check: Callable[[], object]) -> object | None:
     """``run_check()``'s result; where it raises, None and a FAIL row for ``check`` (the traceback
     printed now), so that the checks after it still run and the summary is still printed."""
+    report.running = check
     try:
         return run_check()
     except Exception as e:
         traceback.print_exc(file=sys.stdout)
         report.add(check, False, error_line(e))
         return None
+    finally:
+        report.running = None
 
 
 def demo_config(out: Path, name: str, sets: list[str]):
@@ -347,6 +386,12 @@ def main() -> int:
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="scratch directory")
     parser.add_argument("--quick", action="store_true", help="the same logic on a CPU with small sizes")
+    parser.add_argument(
+        "--max-minutes",
+        type=float,
+        default=MAX_MINUTES,
+        help=f"stop after this long, the summary printed (default {MAX_MINUTES:g})",
+    )
     args = parser.parse_args()
     args.data, args.out = args.data.absolute(), args.out.absolute()
     if not args.quick and not torch.cuda.is_available():
@@ -359,13 +404,15 @@ def main() -> int:
     start = time.perf_counter()
     name = torch.cuda.get_device_name() if device == "cuda" else "CPU (--quick)"
     print(f"gpu-check on {name}, torch {torch.__version__}, CUDA {torch.version.cuda}", flush=True)
+
+    def title() -> str:
+        return f"gpu-check on {name} ({time.perf_counter() - start:.0f} s)"
+
+    deadline = start_deadline(report, args.max_minutes, args.out, title)
     run_checks(report, args, device)
-    (args.out / "gpu_check.json").write_text(json.dumps({"rows": report.rows, **report.figures}, indent=1) + "\n")
-    print(f"\n== gpu-check on {name} ({time.perf_counter() - start:.0f} s) ==")
-    width = max(len(c) for c, _, _ in report.rows)
-    for check, verdict, text in report.rows:
-        print(f"{verdict:5} {check:{width}}  {text}")
-    return 1 if report.failed else 0
+    deadline.cancel()
+    with report.lock:  # not while the deadline writes its summary
+        return report.finish(args.out, title())
 
 
 if __name__ == "__main__":

@@ -234,3 +234,35 @@ def test_relative_data_and_out_are_read_against_the_working_directory(tmp_path, 
     cfg = gpu_check.demo_config(Path("out"), "agree-fp32", [])
     assert cfg.run_dir == str(tmp_path / "out" / "agree-fp32")
     assert cfg.data.train.path == str(tmp_path / "out" / "demo-data" / "train")
+
+
+def test_a_check_past_max_minutes_is_stopped_with_the_summary_screen_and_json(tmp_path):
+    """A compile or a hang that outlasts the GPU session would lose the summary screen: the whole check
+    stops at --max-minutes, the check then running a FAIL row, and exits 1."""
+    out = tmp_path / "out"
+    command = [sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--quick", "--max-minutes", "0.05"]
+    command += ["--data", str(tmp_path / "nowhere"), "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr[-3000:]
+    rows = _summary(done.stdout)
+    stopped = [
+        check for check, (verdict, text) in rows.items() if text == "not finished within --max-minutes 0.05: stopped"
+    ]
+    assert len(stopped) == 1 and rows[stopped[0]][0] == "FAIL"
+    assert "nmt bench, Transformer-base" not in rows  # the checks after it were not run
+    saved = json.loads((out / "gpu_check.json").read_text())["rows"]
+    assert [check for check, verdict, _ in saved if verdict == "FAIL"] == stopped
+
+
+def test_the_deadline_names_the_check_it_stopped(tmp_path, monkeypatch, capsys):
+    exits = []
+    monkeypatch.setattr(gpu_check.os, "_exit", exits.append)
+    report = gpu_check.Report()
+    report.add("CUDA-marked tests", True, "9 passed")
+    report.running = "fp16 + GradScaler"
+    gpu_check.start_deadline(report, 0.001, tmp_path, lambda: "gpu-check on GPU (60 s)").join()
+    assert exits == [1]
+    assert report.rows[-1] == ("fp16 + GradScaler", "FAIL", "not finished within --max-minutes 0.001: stopped")
+    summary = capsys.readouterr().out.split("== gpu-check on GPU (60 s) ==")[1]
+    assert "PASS  CUDA-marked tests  9 passed" in summary and "FAIL  fp16 + GradScaler" in summary
+    assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"][-1][0] == "fp16 + GradScaler"
