@@ -388,11 +388,14 @@ def last_state_recorded(directory: Path) -> int | None:
     return update if isinstance(update, int) else None
 
 
-def rng_state() -> dict[str, Any]:
+def rng_state(on_cuda: bool = False) -> dict[str, Any]:
+    """The random state to save: Python's and torch's CPU generator, and with ``on_cuda`` (a run that
+    computes on a GPU) the GPUs'. Reading a GPU's state initialises CUDA: a CPU run on a machine with
+    a GPU would take GPU memory for it, and fail where another job holds the GPU."""
     import random
 
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
+    if on_cuda:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
 

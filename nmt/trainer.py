@@ -579,7 +579,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         # The random state the update starts from: dropout draws from it, and a state written for a
         # failed update must not count the draws of its batches that ran (the resumed run redoes them).
-        rng = checkpoint.rng_state() if self.save_before_failed_update else None
+        rng = checkpoint.rng_state(self.device.type == "cuda") if self.save_before_failed_update else None
         try:
             batches, sums = self._gradients(mine, weight, n_tokens)
         except Exception as e:  # nothing of this update is in the weights, the optimizer or the position yet
@@ -809,7 +809,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scaler": self.scaler.state_dict() if self.scaler.is_enabled() else {},
             "progress": asdict(self.progress),
-            "rng": checkpoint.rng_state(),
+            "rng": checkpoint.rng_state(self.device.type == "cuda"),
             **self._fingerprint(),
         }
         self.checkpoints.save_state(state, self.progress.update)

@@ -265,6 +265,14 @@ def test_rng_state_roundtrip():
     assert a[0] == b[0] and torch.equal(a[1], b[1])
 
 
+def test_rng_state_holds_the_gpus_state_only_for_a_run_on_a_gpu(monkeypatch):
+    gpus = [torch.full((16,), 7, dtype=torch.uint8)]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: gpus)
+    assert checkpoint.rng_state(on_cuda=True)["cuda"] is gpus
+    assert "cuda" not in checkpoint.rng_state(on_cuda=False)  # a CPU run never initialises CUDA for it
+
+
 def test_rng_state_saved_where_more_gpus_were_visible_restores_those_present(monkeypatch):
     """An 8-GPU torchrun job's checkpoint holds 8 CUDA generator states; resumed with fewer GPUs, torch's
     set_rng_state_all would index generators that do not exist (IndexError), so only those present are set."""

@@ -401,3 +401,19 @@ def test_a_progress_of_an_earlier_version_has_no_best_loss_yet():
 
     old = Progress.from_dict({"update": 40, "best_bleu": 12.5, "best_update": 30, "bad_validations": 1})
     assert old.best_loss == math.inf and old.best_bleu == 12.5
+
+
+def test_cpu_training_on_a_machine_with_a_gpu_never_initialises_cuda(tmp_path, monkeypatch, capsys):
+    """The random state saved (and taken before every update) holds the GPUs' only where the run computes
+    on one: reading it initialises CUDA, which took GPU memory for a CPU run and, where another job holds
+    the GPU (exclusive-process mode), stopped it at its first update with a traceback."""
+
+    def busy_gpu():
+        raise RuntimeError("CUDA error: all CUDA-capable devices are busy or unavailable")
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", busy_gpu)
+    config = tiny_config(tmp_path, device="cpu", max_updates=4, validate_every=4, warmup_updates=2)
+    assert main(["train", "--config", str(config)]) == 0
+    state = torch.load(tmp_path / "run" / "checkpoints" / "update_00000004.pt", weights_only=True)
+    assert "cuda" not in state["rng"]
