@@ -41,6 +41,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+from typing import Literal
 
 import torch
 
@@ -59,6 +60,8 @@ ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS
 # The attention "kernel" of a model that has none to choose (the RNN: its attention is a few small
 # products of its own), so that neither the log nor a cached choice names one it does not use.
 NO_KERNEL = "none"
+# How ``choose`` uses a training run's record of its choice (``run_record``): see there.
+RecordUse = Literal["resume", "start"]
 
 
 @dataclass(frozen=True)
@@ -564,14 +567,18 @@ def choose(
     world_threads: int | None = None,
     cache: Path | None = None,
     run_record: Path | None = None,
+    record_use: RecordUse = "resume",
 ) -> Choice:
     """The settings to run with: the config's where it names them, measured (or cached) where 'auto'.
 
     ``world_threads`` fixes the thread count (ranks of a torchrun job share a machine's cores).
-    ``run_record`` is a training run's record of its choice (``RunDir.kernels_path``): a run resumed
-    on the same machine, torch and settings keeps the kernels it started with, whatever the cache
-    now says or a new measurement would find, so that it computes what the run left alone would
-    have. Elsewhere it is chosen again, and recorded.
+    ``run_record`` is a training run's record of its choice (``RunDir.kernels_path``), used as
+    ``record_use`` says. "resume": a run resumed from a training state on the same machine, torch
+    and settings keeps the kernels it started with, whatever the cache now says or a new measurement
+    would find, so that it computes what the run left alone would have; elsewhere it is chosen
+    again, said in the log, and recorded. "start": a run with no training state yet (a new run, or
+    a first start that failed before its first state) has nothing to agree with: it chooses, and
+    records.
     """
     check_precision(request.precision, device.type, bf16_available(device))
     request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
@@ -590,7 +597,7 @@ def choose(
     if world_threads is not None:
         request = replace(request, threads=world_threads)
     key = cache_key(info, shape, request)
-    if run_record is not None:
+    if run_record is not None and record_use == "resume":
         kept = _kept_by_run(run_record, key, device, request, log)
         if kept is not None:
             return kept

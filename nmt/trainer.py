@@ -424,8 +424,9 @@ class Trainer:
     def _choose_kernels(self, vocab_size: int, resume: bool) -> autotune.Choice:
         """Precision, attention kernel and threads: the config's, or measured where it says auto.
         Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores.
-        A run that may resume keeps the choice it started with (``kernels.json``); a resume in other
-        kernels would not compute what the run left alone would have."""
+        A run that resumes from a training state keeps the choice it started with (``kernels.json``);
+        a resume in other kernels would not compute what the run left alone would have. A run with
+        no training state (new, or a first start that failed before its first) chooses afresh."""
         cfg, world = self.cfg, self.world
         world_threads = None
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
@@ -435,6 +436,7 @@ class Trainer:
             if not world.is_main:
                 return None
             request, t, d = autotune.Request.from_train(cfg.train), cfg.train, cfg.data
+            has_trained = bool(checkpoint.list_checkpoints(self.run.checkpoint_dir, "update"))
             return autotune.choose(
                 request,
                 cfg.model,
@@ -445,6 +447,7 @@ class Trainer:
                 self.log,
                 world_threads,
                 run_record=self.run.kernels_path if resume else None,
+                record_use="resume" if has_trained else "start",
             )
 
         choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)

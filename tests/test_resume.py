@@ -14,6 +14,7 @@ from conftest import PAIRS, tiny_config
 from nmt import checkpoint, testhooks
 from nmt.cli import main
 from nmt.device import cpu_has_bf16
+from nmt.errors import NMTError
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
 from nmt.trainer import Trainer, resumed_position
@@ -606,3 +607,33 @@ def test_a_resumed_run_computes_in_the_kernels_it_started_with(tmp_path, monkeyp
         and "attention explicit" in log.split("kept from the run's start")[0].splitlines()[-1]
     )
     assert "attention sdpa" not in log
+
+
+def test_a_first_start_that_failed_before_its_first_state_chooses_again(tmp_path, monkeypatch, capsys):
+    """kernels.json from a start that trained nothing binds nothing: the next start chooses afresh
+    (the config may even have changed, as it may before a first checkpoint) and says no resumed run
+    changes kernels."""
+    from nmt import autotune, trainer
+
+    picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
+
+    def measure(request, shape, device, world_threads=None):
+        attention, library = next(picks)
+        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+
+    def fail(*args, **kwargs):  # after the choice was recorded, before any training state
+        raise NMTError("the first start failed")
+
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    config = tiny_config(tmp_path, max_updates=10, validate_every=10, attention="auto", fp32_matmul="auto")
+    with monkeypatch.context() as m:
+        m.setattr(autotune, "measure", measure)
+        m.setattr(trainer, "build_model", fail)
+        assert main(["train", "--config", str(config)]) == 2
+    assert (tmp_path / "run" / "kernels.json").exists()
+    monkeypatch.setattr(autotune, "measure", measure)
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "model.d_model=16"]) == 0
+    err = capsys.readouterr().err
+    assert "auto: precision fp32, fp32 matmul onednn, attention sdpa" in err and "measured now" in err
+    assert "kept from the run's start" not in err and "resumed run" not in err
