@@ -608,17 +608,21 @@ def choose(
 
 
 def _kept_by_run(record: Path, key: str, device: torch.device, request: Request, log) -> Choice | None:
-    """The choice ``record`` holds for ``key``: None where it holds none (a new run), or one for
-    another machine, torch or request (said in the log: the run then follows another path)."""
+    """The choice ``record`` holds for ``key``; None where there is no record (said nothing), or it
+    holds none this machine can run for ``key`` (said in the log: the run then follows another path)."""
+    if not record.exists():
+        return None
     entries = read_cache(record)
     kept = _choice_from_entry(entries.get(key), device, request)
     if kept is not None:
         return replace(kept, source="kept")
-    if entries:
-        log(
-            f"auto: {record} holds the choice for other settings, another machine or another torch; choosing again "
-            "(the resumed run computes in other kernels from here on)"
-        )
+    if key in entries:
+        why = "holds a choice for these settings that is damaged or cannot run here"
+    elif entries:
+        why = "holds the choice for other settings, another machine or another torch"
+    else:
+        why = "cannot be read, or was written by another version of nmt"
+    log(f"auto: {record} {why}; choosing again (the resumed run computes in other kernels from here on)")
     return None
 
 

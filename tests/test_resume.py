@@ -637,3 +637,26 @@ def test_a_first_start_that_failed_before_its_first_state_chooses_again(tmp_path
     err = capsys.readouterr().err
     assert "auto: precision fp32, fp32 matmul onednn, attention sdpa" in err and "measured now" in err
     assert "kept from the run's start" not in err and "resumed run" not in err
+
+
+def test_a_resume_whose_kernels_record_cannot_be_read_says_it_chooses_again(tmp_path, monkeypatch, capsys):
+    """A kernels.json damaged, or written by another version of nmt, is no choice to keep: the
+    resume says so, as for a record of another machine, rather than change kernels in silence."""
+    from nmt import autotune
+
+    picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
+
+    def measure(request, shape, device, world_threads=None):
+        attention, library = next(picks)
+        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    config = tiny_config(tmp_path, max_updates=10, validate_every=10, attention="auto", fp32_matmul="auto")
+    assert main(["train", "--config", str(config)]) == 0
+    (tmp_path / "run" / "kernels.json").write_text('{"format": "nmt-autotune-1", "entries": {}}\n')
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=15"]) == 0
+    err = capsys.readouterr().err
+    assert "kernels.json cannot be read, or was written by another version of nmt; choosing again" in err
+    assert "attention sdpa" in err
