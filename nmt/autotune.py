@@ -61,7 +61,7 @@ ISA_ENV = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS
 # products of its own), so that neither the log nor a cached choice names one it does not use.
 NO_KERNEL = "none"
 # How ``choose`` uses a training run's record of its choice (``run_record``): see there.
-RecordUse = Literal["resume", "start"]
+RecordUse = Literal["resume", "start", "read"]
 
 
 @dataclass(frozen=True)
@@ -578,7 +578,8 @@ def choose(
     would find, so that it computes what the run left alone would have; elsewhere it is chosen
     again, said in the log, and recorded. "start": a run with no training state yet (a new run, or
     a first start that failed before its first state) has nothing to agree with: it chooses, and
-    records.
+    records. "read": a reader of the run (``nmt translate``) decodes in the run's choice where the
+    record holds one for this machine, torch and settings, else as the cache says; it never writes.
     """
     check_precision(request.precision, device.type, bf16_available(device))
     request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
@@ -597,25 +598,30 @@ def choose(
     if world_threads is not None:
         request = replace(request, threads=world_threads)
     key = cache_key(info, shape, request)
-    if run_record is not None and record_use == "resume":
-        kept = _kept_by_run(run_record, key, device, request, log)
+    if run_record is not None and record_use != "start":
+        kept = _kept_by_run(run_record, key, device, request, log if record_use == "resume" else None)
         if kept is not None:
             return kept
     choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log)
-    if run_record is not None and not write_cache(run_record, {key: choice.to_dict()}):
+    if run_record is not None and record_use != "read" and not write_cache(run_record, {key: choice.to_dict()}):
         log(f"auto: could not write {run_record}; a resumed run chooses again")
     return choice
 
 
-def _kept_by_run(record: Path, key: str, device: torch.device, request: Request, log) -> Choice | None:
+def _kept_by_run(
+    record: Path, key: str, device: torch.device, request: Request, log: Callable[[str], None] | None
+) -> Choice | None:
     """The choice ``record`` holds for ``key``; None where there is no record (said nothing), or it
-    holds none this machine can run for ``key`` (said in the log: the run then follows another path)."""
+    holds none this machine can run for ``key`` (said to ``log`` where given, a resume's: the run
+    then follows another path)."""
     if not record.exists():
         return None
     entries = read_cache(record)
     kept = _choice_from_entry(entries.get(key), device, request)
     if kept is not None:
         return replace(kept, source="kept")
+    if log is None:
+        return None
     if key in entries:
         why = "holds a choice for these settings that is damaged or cannot run here"
     elif entries:

@@ -240,9 +240,9 @@ def load_translator(
 
     Precision, attention kernel, fp32 product library and threads are the run's ``train`` settings
     (``precision_name`` overrides the first; a run's precision this device cannot run, unlike one
-    given here, is taken as auto, with a warning); where they say auto, the choice is the one
-    ``nmt train`` measured and cached on this machine for this model, or is measured now the same
-    way. Only reads the run.
+    given here, is taken as auto, with a warning); where they say auto, the choice is the run's own
+    (``kernels.json``, where made on this machine, torch and settings), else the one cached on this
+    machine for this model, or is measured now the same way. Only reads the run.
     """
     cfg = run.config()
     path = run.model_checkpoint(cfg, which)
@@ -264,8 +264,17 @@ def load_translator(
     run.check_checkpoint(path, payload, cfg, model)
     model.load_state_dict(payload["model"])
     request = autotune.Request.from_train(cfg.train, "auto" if unusable else precision_name)
+    # The run's own choice where it holds one for this machine: validation decoded in it.
     choice = autotune.choose(
-        request, cfg.model, trg_tok.vocab_size, cfg.train.max_tokens, cfg.data.max_len, device, log or _quiet
+        request,
+        cfg.model,
+        trg_tok.vocab_size,
+        cfg.train.max_tokens,
+        cfg.data.max_len,
+        device,
+        log or _quiet,
+        run_record=run.kernels_path,
+        record_use="read",
     )
     if unusable:
         (log or say)(

@@ -488,7 +488,7 @@ def test_train_logs_the_choice_and_translate_reuses_it(tmp_path, capsys, monkeyp
     capsys.readouterr()
     assert main(["translate", "--model", str(tmp_path / "run"), "-i", str(tmp_path / "data" / "train.de")]) == 0
     err = capsys.readouterr().err
-    assert f"auto: precision {trained} (cached from an earlier measurement" in err
+    assert f"auto: precision {trained} (kept from the run's start" in err
 
 
 def test_set_overrides_the_measurement(tmp_path, capsys):
@@ -627,3 +627,27 @@ def test_validation_decodes_with_the_decoding_choice_and_training_keeps_its_own(
     seen["decode"].clear()  # nmt translate: the same choice, from the cache
     load_translator(RunDir(tmp_path / "run"), "cpu").translate(["ein kleiner test"], DecodeConfig())
     assert seen["decode"] == {(("explicit", "onednn"), False)}
+
+
+def test_translate_decodes_in_the_runs_own_choice_and_never_writes_its_record(tmp_path, monkeypatch):
+    """A choice measured on busy cores serves its run but is not cached: nmt translate of that run
+    takes it from RUN_DIR/kernels.json, as validation decoded, instead of measuring another."""
+    from nmt.rundir import RunDir
+    from nmt.translate import load_translator
+
+    picks = iter(["explicit", "sdpa"])
+
+    def measure(request, shape, device, world_threads=None):
+        attention = next(picks)
+        timings = {"attention": {attention: 1.0}}
+        return autotune.Choice("fp32", attention, 1, timings, "measured", "x", 0.2, "blas")  # busy: not cached
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    config = tiny_config(tmp_path, max_updates=4, validate_every=4, warmup_updates=2, attention="auto")
+    assert main(["train", "--config", str(config)]) == 0
+    record = tmp_path / "run" / "kernels.json"
+    written = record.read_bytes()
+    translator = load_translator(RunDir(tmp_path / "run"), "cpu")
+    assert translator.kernels == ("explicit", "blas")
+    assert record.read_bytes() == written
