@@ -218,7 +218,8 @@ def check_precision(
     """Refuse, naming the key, a precision asked for by name that cannot run on this device."""
     problem = precision_problem(name, device_type, bf16_available)
     if problem is not None:
-        advice = "use bf16, fp32 or auto on a CPU" if name == "fp16" else "use fp32 or auto"
+        # Advise only what runs here: bf16 on a CPU that has its kernels (an AVX2-only one has none).
+        advice = "use bf16, fp32 or auto on a CPU" if name == "fp16" and bf16_available else "use fp32 or auto"
         raise NMTError(f"{key}: {problem}; {advice}")
 
 

@@ -55,6 +55,12 @@ def test_a_precision_that_cannot_run_is_refused_naming_the_key(name, device, bf1
         check_precision(name, device, bf16)
 
 
+@pytest.mark.parametrize("bf16,advice", [(True, "use bf16, fp32 or auto on a CPU"), (False, "use fp32 or auto$")])
+def test_fp16_on_a_cpu_advises_bf16_only_where_it_can_run(bf16, advice):
+    with pytest.raises(NMTError, match=f"fp16 is for GPUs; {advice}"):
+        check_precision("fp16", "cpu", bf16)
+
+
 @pytest.mark.parametrize(
     "name,device,bf16", [("auto", "cpu", False), ("fp32", "cpu", False), ("bf16", "cpu", True), ("fp16", "cuda", False)]
 )
