@@ -155,7 +155,8 @@ def _translate_parsers(sub) -> None:
     p = sub.add_parser(
         "translate",
         help="translate text with a trained run",
-        description="Translate lines of text (stdin by default) with a run's best checkpoint.",
+        description="Translate lines of text (stdin by default) with a run's averaged model where its dev BLEU "
+        "beats the best checkpoint's, else the best checkpoint (--checkpoint chooses another).",
     )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     p.add_argument("--input", "-i", help="input file, one sentence per line (default: stdin)")
@@ -276,8 +277,9 @@ def _deploy_parsers(sub) -> None:
     p = sub.add_parser(
         "export",
         help="write a trained Transformer as a CTranslate2 model (pip install 'nmt[export]')",
-        description="Export a run's best checkpoint to an inference engine's format, with its SentencePiece "
-        "model(s) and a README; OUT_DIR must be new or empty.",
+        description="Export the model 'nmt translate' loads by default (the run's averaged model where its dev "
+        "BLEU beats the best checkpoint's, else the best checkpoint) to an inference engine's format, with its "
+        "SentencePiece model(s) and a README; OUT_DIR must be new or empty.",
     )
     p.add_argument("--format", required=True, choices=["ctranslate2"], help="target format")
     p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8 (default: float32)")

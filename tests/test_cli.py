@@ -532,6 +532,16 @@ def test_compare_help_says_each_run_decodes_test_with_its_own_settings(capsys):
     assert "test BLEU/chrF (beam 5)" not in text
 
 
+@pytest.mark.parametrize("command", ["translate", "export"])
+def test_translate_and_export_help_name_the_averaged_model_they_load_where_dev_prefers_it(command, capsys):
+    """Both load RunDir.model_checkpoint's choice: the average where its dev BLEU beats the best."""
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "averaged model where its dev BLEU beats the best checkpoint's, else the best checkpoint" in text
+    assert "a run's best checkpoint" not in text
+
+
 def test_relative_paths_in_a_config_follow_it_from_any_directory(tmp_path):
     """The CLI run from elsewhere: data and run_dir are found beside the config file, not the working directory."""
     config = tiny_config(tmp_path / "project", max_updates=3, validate_every=3, warmup_updates=1)
