@@ -206,7 +206,6 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
         "max_tokens": cfg.train.max_tokens,
     }
     log(f"benchmark: {cfg.name} on {report['machine_name']} ({torch.get_num_threads()} threads)")
-    log(f"running with {trainer.choice.describe()}")
     names = ["fp32"] + (["bf16"] if bf16_available(device) else []) + (["fp16"] if device.type == "cuda" else [])
     peaks = {name: matmul_peak_gflops(device, Precision(device.type, name)) for name in names}
     report["matmul_peak_gflops"] = peaks
