@@ -464,13 +464,20 @@ def test_emulated_bf16_is_measured_slower_and_not_chosen():
 
 def test_this_machine_gets_the_faster_precision():
     """Unlimited: where bf16 matmuls run far faster than fp32 (AMX), bf16 must be chosen; where they
-    run slower (emulated), fp32; either way the choice follows the measured step times."""
-    result = _probe({})
+    run slower (emulated), fp32; either way the choice follows the measured step times. The products'
+    peaks and the steps are timed apart: another job on the cores can slow one and not the other, so
+    up to three probes are taken."""
+
+    def expected(result: dict) -> str | None:
+        bf16, fp32 = result["bf16_gflops"], result["fp32_gflops"]
+        if bf16 is not None and bf16 > 3 * fp32:
+            return "bf16"
+        return "fp32" if bf16 is None or bf16 < fp32 else None
+
+    result = _probe_until({}, lambda r: expected(r) in (None, r["choice"]["precision"]))
     choice = _check_consistent(result)
-    if result["bf16_gflops"] is not None and result["bf16_gflops"] > 3 * result["fp32_gflops"]:
-        assert choice["precision"] == "bf16"
-    if result["bf16_gflops"] is None or result["bf16_gflops"] < result["fp32_gflops"]:
-        assert choice["precision"] == "fp32"
+    if expected(result) is not None:
+        assert choice["precision"] == expected(result)
 
 
 # ---------------------------------------------------------------------------- through the commands
