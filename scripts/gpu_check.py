@@ -25,6 +25,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -65,6 +66,7 @@ class Report:
     running: str | None = None  # the check under way (``guarded``)
     # Held by a row being added and by the deadline's summary, which ends the process: no row after it.
     lock: threading.Lock = field(default_factory=threading.Lock)
+    children: list[subprocess.Popen] = field(default_factory=list)  # running now (``run_child``)
 
     def add(self, check: str, ok: bool | None, text: str) -> None:
         verdict = "PASS" if ok else ("FAIL" if ok is not None else "info")
@@ -94,6 +96,8 @@ def start_deadline(report: Report, minutes: float, out: Path, title: Callable[[]
 
     def expire() -> None:
         report.add(report.running or "gpu-check", False, f"not finished within --max-minutes {minutes:g}: stopped")
+        for child in list(report.children):  # os._exit leaves them running, on the GPU, maybe hung
+            kill_group(child)
         with report.lock:
             report.finish(out, title())
             os._exit(1)
@@ -158,6 +162,37 @@ def train_run(cfg) -> tuple[Trainer, list[dict], float]:
     return trainer, [r for r in map(json.loads, lines) if r["type"] == "train"], seconds
 
 
+def kill_group(child: subprocess.Popen) -> None:
+    """Kill ``child`` and every process it started (it leads a session of its own: ``run_child``)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_child(report: Report, command: list[str], timeout: float) -> subprocess.CompletedProcess:
+    """``subprocess.run`` capturing text output, with the child in a session of its own and listed in
+    ``report.children`` while it runs: the deadline kills it, and at ``timeout`` it is killed with
+    what it started (pytest's workers), its output so far kept in the TimeoutExpired."""
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, start_new_session=True
+    ) as child:
+        report.children.append(child)
+        try:
+            out, err = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            kill_group(child)
+            out, err = child.communicate()
+            raise subprocess.TimeoutExpired(command, timeout, out, err) from None
+        finally:
+            report.children.remove(child)
+    return subprocess.CompletedProcess(command, child.returncode, out, err)
+
+
+def cuda_test_command() -> list[str]:
+    return [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")]
+
+
 def captured_text(output: str | bytes | None) -> str:
     """A timed-out process's captured output as text: subprocess gives it as bytes even with
     ``text=True`` (decoding happens only once the process has ended), or None where there is none."""
@@ -170,9 +205,8 @@ def check_tests(report: Report, quick: bool) -> None:
     if quick:
         report.add("CUDA-marked tests", None, "skipped in --quick")
         return
-    command = [sys.executable, "-m", "pytest", "-m", "cuda", "-p", "no:cacheprovider", str(ROOT / "tests")]
     try:
-        done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=TESTS_TIMEOUT_S)
+        done = run_child(report, cuda_test_command(), TESTS_TIMEOUT_S)
     except subprocess.TimeoutExpired as e:
         print(captured_text(e.stdout)[-4000:], captured_text(e.stderr)[-2000:], sep="\n", flush=True)
         report.add("CUDA-marked tests", False, f"not finished in {TESTS_TIMEOUT_S} s: stopped (their output is above)")

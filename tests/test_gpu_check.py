@@ -6,6 +6,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -176,13 +177,10 @@ def test_without_multi30k_only_the_bench_is_not_run(tmp_path, monkeypatch, capsy
 
 
 def test_cuda_tests_that_hang_are_stopped_and_reported_with_their_output(tmp_path, monkeypatch, capsys):
-    real_run = subprocess.run
-
-    def hangs(command, **kwargs):  # a real process and timeout: subprocess hands its output over as bytes
-        hanging = [sys.executable, "-c", "import time; print('tests/test_cuda.py ....', flush=True); time.sleep(30)"]
-        return real_run(hanging, **{**kwargs, "timeout": 2})
-
-    monkeypatch.setattr(gpu_check.subprocess, "run", hangs)
+    # a real process and timeout: subprocess hands its output over as bytes
+    hanging = [sys.executable, "-c", "import time; print('tests/test_cuda.py ....', flush=True); time.sleep(30)"]
+    monkeypatch.setattr(gpu_check, "cuda_test_command", lambda: hanging)
+    monkeypatch.setattr(gpu_check, "TESTS_TIMEOUT_S", 2)
     report = gpu_check.Report()
     gpu_check.check_tests(report, quick=False)
     assert report.rows == [
@@ -266,3 +264,29 @@ def test_the_deadline_names_the_check_it_stopped(tmp_path, monkeypatch, capsys):
     summary = capsys.readouterr().out.split("== gpu-check on GPU (60 s) ==")[1]
     assert "PASS  CUDA-marked tests  9 passed" in summary and "FAIL  fp16 + GradScaler" in summary
     assert json.loads((tmp_path / "gpu_check.json").read_text())["rows"][-1][0] == "fp16 + GradScaler"
+
+
+def test_the_deadline_kills_the_process_it_waits_for_and_what_that_started(tmp_path):
+    """os._exit ends the check, not its children: a hung pytest (and its workers) would go on holding
+    the GPU after the check had reported. The deadline kills the whole session of each child."""
+    pids = tmp_path / "pids"
+    script = f"""
+import sys
+import time
+sys.path.insert(0, {str(Path(gpu_check.__file__).parent)!r})
+import gpu_check
+from pathlib import Path
+report = gpu_check.Report()
+gpu_check.start_deadline(report, 0.03, Path({str(tmp_path)!r}), lambda: "t")
+child = ("import os, subprocess, sys, time; "
+         "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+         "open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{w.pid}}'); time.sleep(60)")
+gpu_check.run_child(report, [sys.executable, "-c", child], 300)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1, done.stderr
+    assert "not finished within --max-minutes 0.03: stopped" in done.stdout
+    time.sleep(0.5)
+    for pid in map(int, pids.read_text().split()):
+        status = Path(f"/proc/{pid}/status")
+        assert not status.exists() or "State:\tZ" in status.read_text(), f"process {pid} still runs"
