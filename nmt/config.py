@@ -522,6 +522,17 @@ def _load_unique_keys(path: Path | str, text: str) -> Any:
         loader.dispose()
 
 
+def _unshared(node: Any) -> Any:
+    """``node`` with a mapping or list of its own wherever it holds one: PyYAML makes an alias
+    (``test: *held``) its anchor's own object, and a --set written into one changed both
+    (copy.deepcopy would keep them shared)."""
+    if isinstance(node, dict):
+        return {key: _unshared(value) for key, value in node.items()}
+    if isinstance(node, list):
+        return [_unshared(value) for value in node]
+    return node
+
+
 def _yaml_error_place(error: yaml.YAMLError, text: str) -> str:
     """' line L, column C:' where the error lies in ``text``, else ''. A character YAML refuses (a
     control character pasted in, invisible in an editor) has only its offset in the text."""
@@ -558,7 +569,7 @@ def read_yaml(path: str | Path) -> dict:
         raise NMTError(f"{path}: the top level must be a mapping of sections")
     if _contains_itself(values):  # an endless value: no key could hold it, and walking it never ends
         raise NMTError(f"{path}: a YAML alias refers to a value that contains it (recursive anchor)")
-    return values
+    return _unshared(values)
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None, training: bool = True) -> Config:

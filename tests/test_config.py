@@ -590,3 +590,14 @@ def test_hugging_face_keys_at_their_defaults_are_accepted_on_any_corpus(tmp_path
     (tmp_path / "saved.yaml").write_text(config_yaml(cfg))
     assert "streaming: true" in (tmp_path / "saved.yaml").read_text()
     assert load_config(tmp_path / "saved.yaml") == cfg
+
+
+def test_a_set_through_a_yaml_alias_changes_that_key_only(tmp_path):
+    """`test: *held` is the anchor's own object as PyYAML reads it: a --set on data.test.path changed
+    data.dev.path too, and the run validated on the test set in silence."""
+    (tmp_path / "c.yaml").write_text(
+        "data:\n  src_lang: de\n  trg_lang: en\n  train: tr\n  dev: &held {path: dv}\n  test: *held\n"
+        "train:\n  max_updates: 10\n  warmup_updates: 1\n"
+    )
+    cfg = load_config(tmp_path / "c.yaml", [f"data.test.path={tmp_path / 'other'}"])
+    assert Path(cfg.data.dev.path).name == "dv" and cfg.data.test.path == str(tmp_path / "other")
