@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from nmt.models.dropout import Dropout, add_dropout, byte_dropout
+from nmt.models.dropout import Dropout, add_dropout, byte_dropout, dropout
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3])
@@ -89,6 +89,12 @@ def test_a_rate_bytes_cannot_apply_is_applied_exactly(p):
     assert abs(dropped - p) < tolerance and abs(dropped_in_sum - p) < tolerance
     kept = summed[summed != 0]
     assert torch.allclose(kept, torch.full_like(kept, 1 / (1 - p)))
+
+
+def test_a_rate_of_one_drops_everything_in_the_residual_sum_too():
+    # bytes_apply(1.0) held (0 <= 0.02 * 0): the residual sum built a byte mask of scale 1 / 0
+    x, h = torch.randn(4, 8), torch.randn(4, 8)
+    assert torch.equal(add_dropout(x, h, 1.0), x) and torch.equal(dropout(h, 1.0), torch.zeros_like(h))
 
 
 @pytest.mark.parametrize("p", [0.1, 0.3, 0.9])

@@ -37,7 +37,7 @@ def bytes_apply(p: float) -> bool:
     """Whether byte masks apply dropout rate ``p`` (0 < p < 1) closely enough: p_eff = round(256 p) / 256
     within BYTE_RATE_TOLERANCE of p, and 1 - p_eff of 1 - p (the scale 1 / (1 - p_eff) with it)."""
     p_eff = byte_threshold(p) / 256
-    return abs(p_eff - p) <= BYTE_RATE_TOLERANCE * min(p, 1.0 - p)
+    return 0.0 < p < 1.0 and abs(p_eff - p) <= BYTE_RATE_TOLERANCE * min(p, 1.0 - p)
 
 
 def byte_mask(x: torch.Tensor, p: float) -> torch.Tensor:
