@@ -400,13 +400,16 @@ def rng_state(on_cuda: bool = False) -> dict[str, Any]:
     return state
 
 
-def set_rng_state(state: dict[str, Any]) -> None:
+def set_rng_state(state: dict[str, Any], on_cuda: bool = False) -> None:
+    """Put back a state ``rng_state`` returned; the GPUs' part only with ``on_cuda`` (a run computing on
+    a GPU): a CPU run resumed from a GPU run's checkpoint would otherwise initialise CUDA for nothing,
+    and fail where another job holds the GPU."""
     import random
 
     version, internal, gauss = state["python"]
     random.setstate((version, tuple(internal), gauss))
     torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
+    if on_cuda and "cuda" in state and torch.cuda.is_available():
         # One state per GPU the saving process saw: a run saved where more were visible (8 ranks,
         # resumed with 4 on another machine) holds states for devices not here, which torch refuses.
         torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])

@@ -468,7 +468,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
         self._state_written_at = self.progress.update
-        checkpoint.set_rng_state(state["rng"])
+        checkpoint.set_rng_state(state["rng"], self.device.type == "cuda")
         p = self.progress
         best = f"best BLEU {p.best_bleu:.2f}" if p.last_validated >= 0 else "no validation yet"
         self.log(f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), {best}")
@@ -650,8 +650,8 @@ class Trainer:
         if not self.save_before_failed_update or distributed.peer_lost(error) or p.update == self._state_written_at:
             return
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
-        if rng is not None:
-            checkpoint.set_rng_state(rng)  # as the update found it: the process ends with the error
+        if rng is not None:  # as the update found it: the process ends with the error
+            checkpoint.set_rng_state(rng, self.device.type == "cuda")
         self.save()
         first = (str(error).strip().splitlines() or [""])[0]
         self.log(f"update {p.update + 1} failed ({type(error).__name__}: {first}); {self._saved()}")

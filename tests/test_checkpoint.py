@@ -284,8 +284,10 @@ def test_rng_state_saved_where_more_gpus_were_visible_restores_those_present(mon
     monkeypatch.setattr(torch.cuda.random, "set_rng_state", lambda state, device: restored.append((state, device)))
     state = {"python": random.getstate(), "torch": torch.get_rng_state()}  # as saved, less rng_state()'s CUDA call
     state["cuda"] = [torch.full((16,), 1, dtype=torch.uint8), torch.full((16,), 2, dtype=torch.uint8)]
-    checkpoint.set_rng_state(state)
+    checkpoint.set_rng_state(state, on_cuda=True)
     assert [(int(s[0]), device) for s, device in restored] == [(1, 0)]
+    checkpoint.set_rng_state(state, on_cuda=False)  # a CPU run resumed from a GPU run's checkpoint
+    assert len(restored) == 1  # never initialises CUDA for it
 
 
 def test_non_finite_weights_are_never_written(tmp_path):
