@@ -652,8 +652,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
         if rng is not None:  # as the update found it: the process ends with the error
             checkpoint.set_rng_state(rng, self.device.type == "cuda")
-        self.save()
         first = (str(error).strip().splitlines() or [""])[0]
+        try:
+            self.save()
+        except (NMTError, OSError) as e:  # a full disk: the update's own error stays the one reported
+            self.log_end(f"update {p.update + 1} failed ({type(error).__name__}: {first}); its state not written: {e}")
+            return
         self.log(f"update {p.update + 1} failed ({type(error).__name__}: {first}); {self._saved()}")
 
     def _check_ids(self, batch) -> None:

@@ -429,6 +429,26 @@ def test_an_update_that_runs_out_of_memory_keeps_the_updates_before_it(tmp_path,
         assert torch.equal(tensor, weights_b[name]), name
 
 
+def test_an_update_out_of_memory_whose_state_cannot_be_written_still_says_out_of_memory(tmp_path, monkeypatch, capsys):
+    # A disk full as well: the advice to lower train.max_tokens is what the user needs, not lost to the write's error
+    config = tiny_config(tmp_path, max_updates=8, validate_every=3, max_tokens=40, accumulate=2, warmup_updates=1)
+    real_save = Trainer.save
+
+    def save(self):
+        if self.progress.update == 4:
+            raise checkpoint.CheckpointNotWritten(Path("update_00000004.pt"), "No space left on device", True)
+        real_save(self)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    out_of_memory_at(monkeypatch, update=5, batch=2)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "nmt train: error: out of memory" in err and "train.max_tokens" in err
+    log = (tmp_path / "run" / "train.log").read_text()
+    assert "update 5 failed (RuntimeError: DefaultCPUAllocator" in log and "its state not written" in log
+    assert final_weights(tmp_path / "run")[0] == 3  # the validation's state stays
+
+
 def test_a_trainer_outside_the_training_loop_writes_no_checkpoint_for_a_failed_update(tmp_path, monkeypatch):
     # nmt bench's scratch trainer never writes one: a checkpoint there would make the next bench refuse it.
     from nmt.config import load_config
