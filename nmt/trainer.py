@@ -36,7 +36,7 @@ from nmt.device import (
     select_device,
     size_onednn_cache,
 )
-from nmt.errors import NMTError, SharedError
+from nmt.errors import NMTError, SharedError, error_line
 from nmt.files import atomic_write_bytes, naming
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
@@ -652,13 +652,12 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
         if rng is not None:  # as the update found it: the process ends with the error
             checkpoint.set_rng_state(rng, self.device.type == "cuda")
-        first = (str(error).strip().splitlines() or [""])[0]
         try:
             self.save()
         except (NMTError, OSError) as e:  # a full disk: the update's own error stays the one reported
-            self.log_end(f"update {p.update + 1} failed ({type(error).__name__}: {first}); its state not written: {e}")
+            self.log_end(f"update {p.update + 1} failed ({error_line(error)}); its state not written: {e}")
             return
-        self.log(f"update {p.update + 1} failed ({type(error).__name__}: {first}); {self._saved()}")
+        self.log(f"update {p.update + 1} failed ({error_line(error)}); {self._saved()}")
 
     def _check_ids(self, batch) -> None:
         """Token ids outside the vocabularies mean a damaged shard (one of the right size; a short one
@@ -756,8 +755,7 @@ class Trainer:
             bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg, step)
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             self.save()
-            first = (str(e).strip().splitlines() or [""])[0]
-            self.log(f"validation at update {p.update} failed ({type(e).__name__}: {first}); checkpoint written")
+            self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
         is_best = checkpoint.best_rank(bleu, dev_loss) > checkpoint.best_rank(p.best_bleu, p.best_loss)

@@ -20,7 +20,7 @@ from nmt import distributed
 from nmt.batching import padding_fraction
 from nmt.checkpoint import CheckpointNotWritten
 from nmt.config import Config, TrainConfig
-from nmt.errors import NMTError
+from nmt.errors import NMTError, error_line
 from nmt.files import storage_error, write_error_message
 from nmt.rundir import RunDir
 from nmt.signals import SignalGuard
@@ -85,8 +85,7 @@ def how_it_ended(error: BaseException) -> str:
         return f"error: {out_of_memory_message('train', error)}"
     if isinstance(error, KeyboardInterrupt):
         return "interrupted"
-    first = (str(error).strip().splitlines() or [""])[0]
-    return f"error: {type(error).__name__}: {first}"
+    return f"error: {error_line(error)}"
 
 
 def run(trainer: Trainer, config_file: Path | None = None) -> Progress:

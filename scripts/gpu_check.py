@@ -43,7 +43,7 @@ import torch  # noqa: E402
 from nmt import bench  # noqa: E402
 from nmt.config import apply_overrides, config_from_dict, read_yaml  # noqa: E402
 from nmt.device import cpu_has_bf16  # noqa: E402
-from nmt.errors import NMTError  # noqa: E402
+from nmt.errors import NMTError, error_line  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import bleu_only  # noqa: E402
 from nmt.trainer import Trainer  # noqa: E402
@@ -110,12 +110,6 @@ def start_deadline(report: Report, minutes: float, out: Path, title: Callable[[]
 
 def quiet(message: str) -> None:
     pass
-
-
-def error_line(e: BaseException) -> str:
-    """``Type: first line of the message``, for a row of the summary."""
-    first = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {first}"
 
 
 def guarded(report: Report, check: str, run_check: Callable[[], object]) -> object | None:
