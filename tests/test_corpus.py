@@ -394,11 +394,18 @@ def test_hf_translation_column_missing_language(tmp_path):
     assert "'fr'" in _one_line(err) and "de, en" in str(err.value)
 
 
-def test_hf_directory_of_jsonl_files(tmp_path, monkeypatch):
+def _data_files_dir(tmp_path: Path, monkeypatch, name: str) -> Path:
+    """An empty directory ``tmp_path/name`` for data files ``datasets`` reads, its cache kept under
+    ``tmp_path`` (not ~/.cache); skips the test without ``datasets``."""
     datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")  # keep ~/.cache clean
-    data_dir = tmp_path / "jsonl"
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
+    data_dir = tmp_path / name
     data_dir.mkdir()
+    return data_dir
+
+
+def test_hf_directory_of_jsonl_files(tmp_path, monkeypatch):
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "jsonl")
     rows = [json.dumps({"translation": {"de": d, "en": e}}) for d, e in zip(DE, EN)]
     (data_dir / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     assert read_parallel(CorpusConfig(path=str(data_dir)), "de", "en") == (DE, EN)
@@ -440,10 +447,7 @@ def test_hf_directory_with_broken_jsonl(tmp_path, monkeypatch, streaming):
 )
 def test_hf_directory_with_an_empty_or_truncated_data_file_is_one_line(tmp_path, monkeypatch, streaming, files, says):
     # datasets let a StopIteration (no rows) and an EOFError (a cut .gz) through: tracebacks
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
-    data_dir = tmp_path / "data"
-    data_dir.mkdir()
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "data")
     for name, content in files.items():
         (data_dir / name).write_bytes(content)
     with pytest.raises(NMTError) as err:
@@ -456,10 +460,7 @@ def test_hf_directory_with_an_empty_or_truncated_data_file_is_one_line(tmp_path,
 @pytest.mark.parametrize("name", ["train.csv", "train.tsv"])
 def test_hf_csv_cells_that_pandas_calls_missing_are_read_as_text(tmp_path, monkeypatch, streaming, name):
     # pandas read "None", "NA", "null" as missing: those pairs became empty and were dropped
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
-    data_dir = tmp_path / "csv"
-    data_dir.mkdir()
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "csv")
     sep = "," if name.endswith(".csv") else "\t"
     rows = [("de", "en"), ("Keiner", "None"), ("NA", "Sodium"), ("null", "zero"), ("nan", "n/a"), ("", "empty")]
     (data_dir / name).write_text("".join(f"{de}{sep}{en}\n" for de, en in rows), encoding="utf-8")
@@ -470,10 +471,7 @@ def test_hf_csv_cells_that_pandas_calls_missing_are_read_as_text(tmp_path, monke
 @pytest.mark.parametrize("streaming", [True, False])
 def test_hf_tsv_data_file_is_not_read_with_csv_quoting(tmp_path, monkeypatch, streaming):
     # CSV quoting took the quotes off '"Ja"', and an unbalanced one merged the next lines into its pair
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
-    data_dir = tmp_path / "tsv"
-    data_dir.mkdir()
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "tsv")
     de = ['"Ja, sagte er', "zwei", '"Ja"', 'Er sagt "ja"']
     en = ["Yes, he said", "two", '"Yes"', 'He says "yes"']
     rows = ["de\ten", *(f"{s}\t{t}" for s, t in zip(de, en))]
@@ -520,10 +518,7 @@ def test_hf_saved_dataset_column_that_is_not_text_is_refused(tmp_path, columns, 
 
 @pytest.mark.parametrize("value, kind", [(7, "int"), (["Guten", "Morgen"], "list")])
 def test_hf_data_file_column_that_is_not_text_is_refused_at_its_row(tmp_path, monkeypatch, value, kind):
-    datasets = pytest.importorskip("datasets")
-    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", tmp_path / "cache")
-    data_dir = tmp_path / "jsonl"
-    data_dir.mkdir()
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "jsonl")
     rows = [json.dumps({"de": None, "en": EN[0]})] + [json.dumps({"de": value, "en": e}) for e in EN[1:]]
     (data_dir / "train.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
     chunks = iter_parallel(CorpusConfig(path=str(data_dir)), "de", "en", chunk_pairs=1)
