@@ -96,9 +96,9 @@ def start_deadline(report: Report, minutes: float, out: Path, title: Callable[[]
 
     def expire() -> None:
         report.add(report.running or "gpu-check", False, f"not finished within --max-minutes {minutes:g}: stopped")
-        for child in list(report.children):  # os._exit leaves them running, on the GPU, maybe hung
-            kill_group(child)
-        with report.lock:
+        with report.lock:  # held from here: the main thread, its child killed, adds no row and ends nothing
+            for child in list(report.children):  # os._exit leaves them running, on the GPU, maybe hung
+                kill_group(child)
             report.finish(out, title())
             os._exit(1)
 

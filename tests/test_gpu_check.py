@@ -282,6 +282,8 @@ child = ("import os, subprocess, sys, time; "
          "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
          "open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{w.pid}}'); time.sleep(60)")
 gpu_check.run_child(report, [sys.executable, "-c", child], 300)
+with report.lock:  # as main() ends: the deadline's summary and exit come first
+    pass
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert done.returncode == 1, done.stderr
