@@ -210,9 +210,22 @@ def _fits(line: str) -> bool:
     return len(line) <= MAX_SENTENCE_BYTES // 4 or len(line.encode()) <= MAX_SENTENCE_BYTES
 
 
+# SentencePiece's names of its pad, unk, bos and eos pieces. Its trainer replaces each in a training
+# sentence with a space, so a character found only inside one (the "<" and ">" of text that writes
+# "<s>") was left out of the vocabulary and came out of a translation as " ⁇ ".
+_PIECE_NAMES = re.compile("|".join(re.escape(name) for name in ("<pad>", "<unk>", "<s>", "</s>")))
+
+
+def _keeping_piece_names(line: str) -> str:
+    """``line`` with a space before the ">" of each piece name in it, which the trainer then reads as
+    any other text: only what SentencePiece trains on, never what it encodes."""
+    return _PIECE_NAMES.sub(lambda name: name.group()[:-1] + " >", line) if "<" in line else line
+
+
 class _TrainingText:
     """What SentencePiece trains on: the non-empty lines that fit its length limit (it would skip the
-    others), all of them or, with ``sample`` > 0, that many drawn by a generator seeded with ``seed``.
+    others), with the piece names in them kept as text (``_keeping_piece_names``), all of them or,
+    with ``sample`` > 0, that many drawn by a generator seeded with ``seed``.
     SentencePiece's own sampler takes no seed (and in recent versions draws differently in every
     process), so two runs of one config got two vocabularies; ours leaves it no more lines than it keeps.
 
@@ -238,6 +251,7 @@ class _TrainingText:
         for line in self.lines:
             if line:
                 self.count += 1
+                line = _keeping_piece_names(line)
                 if _fits(line):
                     self.any_fits = True
                     yield line

@@ -177,6 +177,19 @@ def test_a_line_break_the_vocabulary_holds_is_decoded_as_a_space(tmp_path):
     assert tok.decode(ids) == ["ka lo mi ne", "ru sa te", "vi do"]
 
 
+TAGGED = ["ka <s> lo </s> mi", "ne <unk> ru <pad> sa"]  # "<", ">" and "/" are nowhere else in the text
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_text_holding_the_special_pieces_names_is_text_and_round_trips(tmp_path, model_type):
+    """SentencePiece's trainer blanks its own piece names out of the text it trains on: the "<", ">"
+    and "/" found only inside them were unknown, and "ka <s> lo" came back as "ka  ⁇ s ⁇  lo"."""
+    tok, _ = train_or_load_tokenizers(_cfg(type=model_type), SRC + TAGGED * 20, TRG, *_joint(tmp_path))
+    ids = tok.encode(TAGGED)
+    assert all(min(row) > 3 for row in ids)  # neither a special id nor unknown
+    assert tok.decode(ids) == TAGGED
+
+
 def test_decode_ignores_pad_bos_eos(tmp_path):
     tok, _ = train_or_load_tokenizers(_cfg(), SRC, TRG, *_joint(tmp_path))
     ids = tok.encode(SRC[:2])
