@@ -145,15 +145,19 @@ def test_normalization_rule(tmp_path, rule, decoded):
     assert tok.decode(tok.encode(REWRITTEN)) == decoded
 
 
-SPACING = ["ka\tlo\rmi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe  zu"]  # tab, CR, Unicode spaces, ZWSP, control
+# tab, CR, Unicode spaces, ZWSP, control; the zero-width non-joiner and a direction mark (Persian, Arabic)
+SPACING = ["ka\tlo\rmi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe  zu", "ho\u200cmi\u200fka"]
 
 
 @pytest.mark.parametrize(
     "rule,decoded",
     [
-        ("nmt_nfkc", ["ka lo mi", "ne ru sa", "te vido", "pe zu"]),  # all spaces; control characters removed
-        ("nfkc", ["ka\tlo mi", "ne ru sa", "te\u200bvi\x01do", "pe zu"]),  # NFKC's spaces (and CR decoded as one)
-        ("identity", ["ka\tlo mi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe zu"]),  # runs of spaces only
+        # all spaces; control characters removed
+        ("nmt_nfkc", ["ka lo mi", "ne ru sa", "te vido", "pe zu", "ho mi ka"]),
+        # NFKC's spaces (and CR decoded as one)
+        ("nfkc", ["ka\tlo mi", "ne ru sa", "te\u200bvi\x01do", "pe zu", "ho\u200cmi\u200fka"]),
+        # runs of spaces only
+        ("identity", ["ka\tlo mi", "ne\u00a0ru\u3000sa", "te\u200bvi\x01do", "pe zu", "ho\u200cmi\u200fka"]),
     ],
 )
 def test_what_each_rule_does_to_white_space_and_control_characters_on_both_sides(tmp_path, rule, decoded):
