@@ -347,6 +347,13 @@ def _check_training(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates, max_updates or max_minutes"
         )
+    # A case-folding rule makes the model write lower-case text: cased BLEU would then count every
+    # capital of the references as a miss, and choose best checkpoints and early stopping on that.
+    if cfg.tokenizer.normalization.endswith("_cf") and not cfg.decode.bleu_lowercase:
+        raise NMTError(
+            f"config key 'decode.bleu_lowercase': tokenizer.normalization '{cfg.tokenizer.normalization}' "
+            "lower-cases the translations; set it true so that dev BLEU and chrF ignore case"
+        )
 
 
 def _check_corpus_formats(cfg: Config) -> None:

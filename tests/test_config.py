@@ -272,6 +272,16 @@ def test_train_cross_key_bounds():
     assert same.train.lr_min == same.train.lr_peak  # a flat rate after warmup is allowed
 
 
+@pytest.mark.parametrize("rule", ["nmt_nfkc_cf", "nfkc_cf"])
+def test_a_case_folding_tokenizer_needs_case_insensitive_bleu(rule):
+    folding = {**MINIMAL, "tokenizer": {"normalization": rule}}
+    with pytest.raises(NMTError, match=f"'decode.bleu_lowercase': tokenizer.normalization '{rule}' lower-cases"):
+        config_from_dict(folding)
+    assert config_from_dict({**folding, "decode": {"bleu_lowercase": True}}).decode.bleu_lowercase
+    # A run trained so by an earlier version still translates and is scored.
+    assert config_from_dict(folding, training=False).tokenizer.normalization == rule
+
+
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_positions_must_cover_the_longest_training_pair(positions):
     """A pair of data.max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
