@@ -38,6 +38,11 @@ T = TypeVar("T")
 # gradients and statistics) keeps PyTorch's default timeout, 30 min on gloo and 10 min on NCCL,
 # so a rank that stops or hangs mid-training ends the job within that, not hours later.
 SOLO_WORK_TIMEOUT = timedelta(hours=6)
+# Joining: the ranks meet at MASTER_ADDR:MASTER_PORT (torchrun's store) before any work. torchrun starts
+# them together, so a wait longer than this is an address not reached or a rank that never came; with
+# PyTorch's default (the collectives' 30 min) such a job said nothing for half an hour.
+JOIN_TIMEOUT = timedelta(minutes=5)
+JOIN_TIMEOUT_VARIABLE = "NMT_JOIN_TIMEOUT_S"  # seconds, for ranks started by hand minutes apart
 _solo_work_group: Any = None  # the group for those waits, once ``init`` has made it
 _joined = False  # whether this process has joined the ranks' group (from then on they can agree)
 
@@ -81,17 +86,66 @@ def backend_for(device: torch.device) -> str:
 def init(world: World, device: torch.device) -> None:
     global _solo_work_group, _joined
     if world.enabled and not dist.is_initialized():
+        join_timeout = join_timeout_from_environment()
+        started = time.monotonic()
         try:
             with _signals_end_the_process():
-                dist.init_process_group(backend=backend_for(device), rank=world.rank, world_size=world.world_size)
+                _join(world, backend_for(device), join_timeout)
                 _solo_work_group = dist.new_group(backend="gloo", timeout=SOLO_WORK_TIMEOUT)
         # the ranks' store: a port taken, an address not reached; no peer was lost. A DistError, but a
         # plain RuntimeError for a taken port on torch 2.5 and older
         except RuntimeError as e:
+            waited = ""
+            if time.monotonic() - started >= join_timeout.total_seconds():
+                waited = f"; waited {_seconds(join_timeout)} s, which {JOIN_TIMEOUT_VARIABLE} sets"
             raise NMTError(
-                f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)})"
+                f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)}){waited}"
             ) from None
         _joined = True
+
+
+def join_timeout_from_environment() -> timedelta:
+    """How long a rank waits for the store at MASTER_ADDR:MASTER_PORT and for every rank to reach it."""
+    value = os.environ.get(JOIN_TIMEOUT_VARIABLE, "").strip()
+    if not value:
+        return JOIN_TIMEOUT
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise NMTError(f"{JOIN_TIMEOUT_VARIABLE}={value!r}: expected a number of seconds greater than 0")
+    return timedelta(seconds=seconds)
+
+
+def _seconds(duration: timedelta) -> str:
+    return f"{duration.total_seconds():g}"
+
+
+def collective_timeout(backend: str) -> timedelta:
+    """PyTorch's default timeout for ``backend``'s collectives (30 min on gloo, 10 min on NCCL)."""
+    from torch.distributed import constants
+
+    if backend == "nccl" and isinstance(constants.default_pg_nccl_timeout, timedelta):
+        return constants.default_pg_nccl_timeout
+    return constants.default_pg_timeout
+
+
+def _join(world: World, backend: str, join_timeout: timedelta) -> None:
+    """``init_process_group`` as torchrun's environment asks (env://), but with the store reached,
+    and every rank met there, within ``join_timeout``: only then does the store take the collectives'
+    timeout, which the group keeps, as it would have without ours."""
+    store, _, _ = next(dist.rendezvous("env://", world.rank, world.world_size, timeout=join_timeout))
+    timeout = collective_timeout(backend)
+    store.set_timeout(timeout)
+    # the prefix PyTorch's own env:// start puts on the store, which torchrun's agent shares
+    dist.init_process_group(
+        backend=backend,
+        store=dist.PrefixStore("default_pg", store),
+        rank=world.rank,
+        world_size=world.world_size,
+        timeout=timeout,
+    )
 
 
 @contextmanager

@@ -178,11 +178,9 @@ given = {}
 init_process_group = dist.init_process_group
 
 
-def short_default_timeout(backend, rank, world_size, **kwargs):
+def short_default_timeout(**kwargs):  # the update's collectives time out in 1 s, the store's waits not
     given.update(kwargs)
-    address, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
-    store = dist.TCPStore(address, port, world_size, rank == 0, timeout=timedelta(seconds=60))
-    init_process_group(backend, rank=rank, world_size=world_size, store=store, timeout=timedelta(seconds=1))
+    init_process_group(**{**kwargs, "timeout": timedelta(seconds=1)})
 
 
 dist.init_process_group = short_default_timeout
@@ -217,7 +215,7 @@ def test_only_waits_for_rank_0_s_work_alone_have_the_long_timeout(tmp_path):
     rank1 = ranks[1].communicate(timeout=120)[0].decode().splitlines()
     ranks[0].kill()  # its last wait may never end: rank 1 gave up on it
     ranks[0].wait()
-    assert rank1 == ["None 6:00:00", "waited", "timed out"]
+    assert rank1 == ["0:30:00 6:00:00", "waited", "timed out"]  # PyTorch's default for gloo, and ours
 
 
 @pytest.mark.parametrize(
@@ -632,6 +630,43 @@ def test_a_rank_that_cannot_join_the_others_says_why_not_that_a_peer_stopped(tmp
         f"nmt train: error: rank 0: cannot join the other ranks at 127.0.0.1:{port} ("
     ), done.stderr[-3000:]
     assert "address already in use" in lines[0]
+
+
+def test_a_rank_whose_peers_never_come_gives_up_after_the_join_timeout(tmp_path):
+    # Rank 0 of two, started by hand, whose rank 1 never comes (or, as seen from rank 1, an address
+    # not reached): the store's wait was the collectives' 30 min, with nothing said meanwhile.
+    import socket
+
+    config = tiny_config(tmp_path)
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
+    env.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    env[distributed.JOIN_TIMEOUT_VARIABLE] = "2"
+    cmd = [sys.executable, "-m", "nmt", "train", "--config", str(config)]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1, done.stderr[-3000:]
+    assert lines[0].startswith(f"nmt train: error: rank 0: cannot join the other ranks at 127.0.0.1:{port} (")
+    assert lines[0].endswith("; waited 2 s, which NMT_JOIN_TIMEOUT_S sets"), lines[0]
+    assert time.monotonic() - start < 60
+
+
+@pytest.mark.parametrize("value", ["soon", "0", "-5", "inf", "nan"])
+def test_a_join_timeout_that_is_not_a_positive_number_of_seconds_is_refused(monkeypatch, value):
+    monkeypatch.setenv(distributed.JOIN_TIMEOUT_VARIABLE, value)
+    with pytest.raises(NMTError, match=f"NMT_JOIN_TIMEOUT_S='{value}': expected a number of seconds"):
+        distributed.join_timeout_from_environment()
+
+
+def test_the_join_timeout_defaults_to_minutes_and_reads_seconds(monkeypatch):
+    monkeypatch.delenv(distributed.JOIN_TIMEOUT_VARIABLE, raising=False)
+    assert distributed.join_timeout_from_environment() == distributed.JOIN_TIMEOUT
+    monkeypatch.setenv(distributed.JOIN_TIMEOUT_VARIABLE, "90")
+    assert distributed.join_timeout_from_environment().total_seconds() == 90
 
 
 def test_ranks_waiting_to_join_one_that_failed_alone_end_at_torchrun_s_sigterm(setup, tmp_path):
