@@ -313,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     code = _run(args)
-    if args.command == "train":
+    # Only where the command imported it: a signal in the middle of importing torch (torchrun's SIGTERM
+    # as a rank starts) leaves a torch that cannot be imported again, which ended in a traceback.
+    if args.command == "train" and "nmt.distributed" in sys.modules:
         from nmt import distributed
 
         if distributed.world_from_environment().enabled:  # a torchrun rank: see exit_rank

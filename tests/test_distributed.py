@@ -632,6 +632,44 @@ def test_a_rank_that_cannot_join_the_others_says_why_not_that_a_peer_stopped(tmp
     assert "address already in use" in lines[0]
 
 
+_INTERRUPTED_IMPORTING_TORCH = """
+import sys
+from nmt.cli import main
+
+class InterruptOnce:  # the signal comes while torch is half imported
+    done = False
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch._meta_registrations" and not InterruptOnce.done:
+            InterruptOnce.done = True
+            raise KeyboardInterrupt
+        return None
+
+sys.meta_path.insert(0, InterruptOnce())
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_rank_interrupted_while_importing_torch_says_so_in_one_line(tmp_path):
+    # torchrun's SIGTERM (a peer killed at start, or Ctrl-C) as a rank imports torch: after
+    # 'interrupted', main imported nmt.distributed for the rank's exit, and with it torch again,
+    # which failed half-way in a traceback, exit status 1.
+    config = tiny_config(tmp_path)
+    script = tmp_path / "interrupted.py"
+    script.write_text(_INTERRUPTED_IMPORTING_TORCH)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
+    env.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    done = subprocess.run(
+        [sys.executable, str(script), "train", "--config", str(config)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.stderr == "nmt train: interrupted\n", done.stderr[-3000:]
+    assert done.returncode == 128 + signal.SIGINT
+
+
 def test_a_rank_whose_peers_never_come_gives_up_after_the_join_timeout(tmp_path):
     # Rank 0 of two, started by hand, whose rank 1 never comes (or, as seen from rank 1, an address
     # not reached): the store's wait was the collectives' 30 min, with nothing said meanwhile.
