@@ -388,7 +388,7 @@ def reported_once(world: World) -> Iterator[None]:
         return
     try:
         yield
-    except Stopped:
+    except (Stopped, PeerLost):  # the message names this rank already
         raise
     except SharedError as e:
         if not world.is_main:

@@ -54,6 +54,11 @@ def train(
                 raise
             resume = _resume_once_there_is_space(trainer, config_file, overrides)
             raise NMTError(f"{e.path}: could not write checkpoint ({e.reason}); {resume}") from None
+        except Exception as e:  # a peer lost in the set-up, before there is a state to save
+            if not (trainer.world.enabled and distributed.peer_lost(e)):
+                raise
+            closing = SignalGuard()  # torchrun's SIGTERM follows, as above
+            raise distributed.PeerLost(distributed.peer_lost_message(trainer.world, e)) from None
     except (Exception, KeyboardInterrupt) as e:
         # The console may be gone (nohup, a closed pipe, a lost ssh session): train.log says why the run ended.
         trainer.log_end(how_it_ended(e))

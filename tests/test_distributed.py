@@ -255,6 +255,40 @@ def test_a_rank_whose_peer_died_says_so_in_one_line(setup):
     assert ours.count("nmt train: error:") == int(said)
 
 
+_DIES_IN_SETUP = """
+import os, signal, sys
+from nmt import trainer
+from nmt.cli import main
+
+loading = trainer.Trainer._resume_and_record
+
+def dies(self, *args, **kwargs):  # rank 1, killed as the ranks load the checkpoint
+    if os.environ["RANK"] == "1":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return loading(self, *args, **kwargs)
+
+trainer.Trainer._resume_and_record = dies
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_peer_lost_in_the_set_up_ends_train_log_with_the_console_s_line(setup, tmp_path):
+    # train.log ended on gloo's own error ('error: RuntimeError: [.../pair.cc:553] Connection closed
+    # by peer ... GLHF!'), where the console said 'rank 0: another rank stopped (see its message)'.
+    root, config, _, _, env = setup
+    script = tmp_path / "dies_in_setup.py"
+    script.write_text(_DIES_IN_SETUP)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
+    cmd += ["--config", str(config)] + [a for s in _run_dir(setup, "died-in-setup") for a in ("--set", s)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    assert done.returncode != 0
+    ours = done.stderr.split("ChildFailedError")[0]
+    said = "nmt train: error: rank 0: another rank stopped (see its message)"
+    assert ours.count("nmt train: error:") == 1 and f"{said}\n" in ours, ours[-3000:]
+    last = (root / "died-in-setup" / "train.log").read_text().splitlines()[-1]
+    assert last.split(" ", 2)[2] == said.removeprefix("nmt train: "), last
+
+
 def _two_ranks(setup) -> Path:
     """Two ranks with ``train.accumulate: 1`` and BLAS products left alone, what a resumed two-rank run
     must equal: the equivalence test's run where it has made it, else one like it."""
