@@ -325,12 +325,13 @@ def main(argv: list[str] | None = None) -> int:
 
 # What to lower when a command runs out of memory.
 MEMORY_OPTIONS = {
-    "train": "a smaller train.max_tokens (a larger train.accumulate keeps the batch size) or train.validate_beam_size",
+    # Not train.validate_beam_size: a resume with another is refused (dev BLEU would be measured two ways).
+    "train": "a smaller train.max_tokens (a larger train.accumulate keeps the batch size) or decode.batch_tokens",
     "prepare": "a smaller data.shard_pairs or data.workers",
     "translate": "a smaller --batch-tokens or --beam-size",
     "eval-bleu": "a smaller --batch-tokens or --beam-size",
     "tune-decode": "smaller --beam-sizes, or a smaller decode.batch_tokens in the run's config.yaml",
-    "average": "a smaller train.validate_beam_size or decode.batch_tokens in the run's config.yaml",
+    "average": "a smaller decode.batch_tokens in the run's config.yaml",
     "bench": "a smaller train.max_tokens or decode.batch_tokens (--set)",
     "compare": "a smaller decode.batch_tokens in the runs' config.yaml",
 }

@@ -53,6 +53,14 @@ _HEADER = "# The resolved config of this run, written by 'nmt train' (every defa
 # Sections whose change makes a checkpoint unusable; everything else may change on resume.
 _FROZEN_SECTIONS = ("model", "tokenizer")
 _FROZEN_DATA_KEYS = ("src_lang", "trg_lang")
+# What dev BLEU is measured with: the best checkpoints (keep_best, the averaged model's standing) and the
+# patience count compare every validation's score, and scores measured two ways do not compare.
+_DEV_SCORE_KEYS = (
+    ("decode", "bleu_tokenize"),
+    ("decode", "bleu_lowercase"),
+    ("train", "validate_beam_size"),
+    ("train", "validate_max_sentences"),
+)
 
 
 class RunLock:
@@ -146,13 +154,27 @@ def config_differences(old: Config, new: Config, sections: tuple[str, ...], data
 
 
 def check_resumable(old: Config, new: Config) -> None:
-    """Refuse a config whose model or vocabulary differs from the one the run was trained with."""
+    """Refuse a config whose model or vocabulary differs from the one the run was trained with, or
+    that measures dev BLEU otherwise than the validations the run has ranked."""
     diffs = config_differences(old, new, _FROZEN_SECTIONS, _FROZEN_DATA_KEYS)
     if diffs:
         raise NMTError(
             "cannot resume: the config changed what the checkpoint was trained with ("
             + "; ".join(diffs)
             + "); use a new run_dir"
+        )
+    a, b = config_to_dict(old), config_to_dict(new)
+    scoring = [
+        f"{section}.{key}: {a[section][key]!r} -> {b[section][key]!r}"
+        for section, key in _DEV_SCORE_KEYS
+        if a[section][key] != b[section][key]
+    ]
+    if scoring:
+        raise NMTError(
+            "cannot resume: the config changed how dev BLEU is measured ("
+            + "; ".join(scoring)
+            + "), and the run's best checkpoints and patience count rank scores measured the old way: "
+            "resume with the old value, or use a new run_dir"
         )
 
 

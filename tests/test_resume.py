@@ -167,6 +167,31 @@ def test_changed_model_is_refused_on_resume(tmp_path, capsys):
     assert "cannot resume" in err and "model.d_model: 64 -> 32" in err
 
 
+@pytest.mark.parametrize(
+    "change, named",
+    [
+        ("decode.bleu_tokenize=char", "decode.bleu_tokenize: '13a' -> 'char'"),
+        ("decode.bleu_lowercase=true", "decode.bleu_lowercase: False -> True"),
+        ("train.validate_beam_size=2", "train.validate_beam_size: 1 -> 2"),
+        ("train.validate_max_sentences=4", "train.validate_max_sentences: None -> 4"),
+    ],
+)
+def test_a_resume_that_measures_dev_bleu_otherwise_is_refused(tmp_path, capsys, change, named):
+    # The best checkpoints and the patience count rank the run's earlier scores: new ones measured
+    # with another tokenizer, case or beam would be ranked against them as if they compared.
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=2)
+    assert main(["train", "--config", str(config)]) == 0
+    index = (tmp_path / "run" / "checkpoints" / "index.json").read_bytes()
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=10", "--set", change]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "cannot resume" in line and named in line and "dev BLEU" in line
+    assert (tmp_path / "run" / "checkpoints" / "index.json").read_bytes() == index
+    # Before the run's first checkpoint nothing was ranked yet: any key may change.
+    fresh = tiny_config(tmp_path / "fresh", max_updates=5, validate_every=5, warmup_updates=2)
+    assert main(["train", "--config", str(fresh), "--set", change]) == 0
+
+
 def test_resumed_position_keeps_the_place_in_an_unchanged_epoch():
     assert resumed_position(3, 7, 10, 10) == (3, 7)
     assert resumed_position(3, 7, 0, 10) == (3, 7)  # a checkpoint that did not record the plan's size
