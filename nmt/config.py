@@ -434,7 +434,7 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         raise NMTError(f"--set {text!r}: expected section.key=value")
     try:
         # as in a config file, a key twice ('data.train={path: a, path: b}') is an error, not the last one
-        value = _load_unique_keys(f"--set {text}", raw) if raw.strip() else None
+        value = _load_unique_keys(f"--set {text}", raw, ".".join(path)) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
     return path, value
@@ -515,8 +515,40 @@ def _first_duplicate_key(root: yaml.Node) -> tuple[str, yaml.Mark] | None:
     return None
 
 
-def _load_unique_keys(path: Path | str, text: str) -> Any:
-    """``yaml.safe_load(text)``, refusing a key given twice in one mapping."""
+# Numbers YAML 1.1 reads in another base than the decimal a config's writer means: a leading zero
+# is octal (seed: 010 is 8) and colons are base 60 (max_minutes: 1:30 is 90). 0x and 0b say their base.
+_OCTAL = re.compile(r"[-+]?0[0-7_]+")
+_SEXAGESIMAL = re.compile(r"[-+]?[0-9][0-9_]*(:[0-5]?[0-9])+(\.[0-9_]*)?")
+_NUMBER_TAGS = ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")
+
+
+def _first_other_base_number(root: yaml.Node, root_key: str) -> tuple[str, yaml.ScalarNode, str] | None:
+    """The dotted key (below ``root_key``), node and base of the first number YAML 1.1 reads as octal or
+    base 60, if any."""
+    pending, seen_nodes = [(root, root_key)], set()
+    while pending:
+        node, key = pending.pop(0)
+        if id(node) in seen_nodes:
+            continue
+        seen_nodes.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            pending.extend((item, key) for item in node.value)
+        elif isinstance(node, yaml.MappingNode):
+            for key_node, value_node in node.value:
+                name = str(key_node.value) if isinstance(key_node, yaml.ScalarNode) else "?"
+                pending.append((value_node, f"{key}.{name}" if key else name))
+        elif isinstance(node, yaml.ScalarNode) and node.tag in _NUMBER_TAGS and node.style is None:
+            if _OCTAL.fullmatch(node.value):
+                return key, node, "octal"
+            if _SEXAGESIMAL.fullmatch(node.value):
+                return key, node, "base 60"
+    return None
+
+
+def _load_unique_keys(path: Path | str, text: str, root_key: str = "") -> Any:
+    """``yaml.safe_load(text)``, refusing a key given twice in one mapping, and a number YAML 1.1 would
+    read in another base than decimal (``010`` as 8, ``1:30`` as 90). ``root_key``: the key the
+    document is the value of (a --set's)."""
     loader = yaml.SafeLoader(text)
     try:
         root = loader.get_single_node()
@@ -524,6 +556,14 @@ def _load_unique_keys(path: Path | str, text: str) -> Any:
         if duplicate is not None:
             key, mark = duplicate
             raise NMTError(f"{path}: line {mark.line + 1}, column {mark.column + 1}: duplicate key '{key}'")
+        other_base = None if root is None else _first_other_base_number(root, root_key)
+        if other_base is not None:
+            key, node, base = other_base
+            mark, read_as = node.start_mark, loader.construct_object(node)
+            raise NMTError(
+                f"{path}: line {mark.line + 1}, column {mark.column + 1}: config key '{key}': YAML 1.1 reads "
+                f"{node.value} as {read_as} ({base}): write the number in decimal, or quote it for text"
+            )
         return None if root is None else loader.construct_document(root)
     finally:
         loader.dispose()

@@ -336,6 +336,38 @@ def test_duplicate_keys_in_a_file_are_an_error_naming_the_line(tmp_path):
     assert load_config(path).data.test.max_pairs == 3  # a merge key is no duplicate
 
 
+@pytest.mark.parametrize(
+    "written, read_as, key",
+    [
+        ("seed: 010", "8 (octal)", "seed"),
+        ("seed: -010", "-8 (octal)", "seed"),
+        ("train: {max_updates: 5, warmup_updates: 01}", "1 (octal)", "train.warmup_updates"),
+        ("train: {max_minutes: 1:30}", "90 (base 60)", "train.max_minutes"),
+        ("train: {max_minutes: 5, lr_peak: 1:30.5}", "90.5 (base 60)", "train.lr_peak"),
+        ("train: {max_minutes: 5, betas: [0.9, 0700]}", "448 (octal)", "train.betas"),
+    ],
+)
+def test_a_number_yaml_reads_in_another_base_is_an_error_naming_key_and_line(tmp_path, capsys, written, read_as, key):
+    """YAML 1.1 reads a leading zero as octal and colons as base 60; whoever writes seed: 010 means ten."""
+    path = write(tmp_path, "data: {train: a, dev: b}\n" + written + "\n")
+    value = written.split(": ")[-1].strip("}]").split(", ")[-1]
+    message = f"config key '{key}': YAML 1.1 reads {value} as {read_as}: write the number in decimal"
+    with pytest.raises(NMTError, match=r"c\.yaml: line 2, column \d+: " + re.escape(message)):
+        load_config(path)
+    plain = write(tmp_path, "data: {train: a, dev: b}\n")
+    assert main(["prepare", "--config", str(plain), "--set", f"{key}={value}"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert f"--set {key}={value}" in line and f"config key '{key}': YAML 1.1 reads {value} as" in line
+
+
+def test_numbers_that_say_their_base_or_group_digits_are_read_as_written(tmp_path):
+    text = "data: {train: a, dev: b}\nseed: 0x10\ntrain: {max_updates: 1_000, warmup_updates: 0b11, lr_peak: '010'}\n"
+    with pytest.raises(NMTError, match="'train.lr_peak': expected a number, got '010'"):  # quoted: text
+        load_config(write(tmp_path, text))
+    cfg = load_config(write(tmp_path, text.replace("'010'", "0.001")))
+    assert (cfg.seed, cfg.train.max_updates, cfg.train.warmup_updates, cfg.train.lr_peak) == (16, 1000, 3, 0.001)
+
+
 def test_a_recursive_yaml_anchor_is_a_one_line_error(tmp_path):
     path = write(tmp_path, "data: {train: a, dev: b}\nextra: &x [*x]\n")
     with pytest.raises(NMTError, match=r"c.yaml: a YAML alias refers to a value that contains it"):
