@@ -689,6 +689,29 @@ def test_the_dependency_floors_are_pyprojects_and_later_releases_pass():
     versions.check_dependencies()  # the packages running this test
 
 
+def test_every_package_nmt_imports_is_declared_in_pyproject():
+    """A package imported by nmt's own code must be a dependency of its own (or an extra's), not one
+    that only arrives with another (numpy came with torch's users, sacrebleu and datasets)."""
+    import ast
+    import importlib.metadata
+
+    root = Path(__file__).parents[1]
+    pyproject = (root / "pyproject.toml").read_text(encoding="utf-8")
+    declared = {re.sub(r"[-_.]+", "-", name).lower() for name in re.findall(r'"([A-Za-z0-9_.-]+)[\[<>=!~]', pyproject)}
+    imported = set()
+    for path in (root / "nmt").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                imported.update(alias.name.split(".")[0] for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                imported.add(node.module.split(".")[0])
+    third_party = sorted(imported - set(sys.stdlib_module_names) - {"nmt", "__future__"})
+    distributions = importlib.metadata.packages_distributions()
+    for module in third_party:
+        names = distributions.get(module, [module])
+        assert any(re.sub(r"[-_.]+", "-", name).lower() in declared for name in names), module
+
+
 def test_a_sentencepiece_older_than_its_floor_is_refused_in_one_line(monkeypatch, capsys):
     """sentencepiece 0.2.0-0.2.2 turn a tab into ' ⁇ ' under nfkc or identity normalization, in silence."""
     import importlib.metadata
