@@ -153,6 +153,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     cfg = run.config_reading("dev")
     run.lock(log, "average")
     try:
+        checkpoints_to_average(run, cfg, last, log, fewer_ok=False)  # too few: said now, not after seconds of loading
         translator = load_translator(run, device, None, log, which="last")
         dev_src, dev_trg, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
         score = dev_scorer(translator, cfg, dev_src, dev_trg)

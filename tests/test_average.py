@@ -116,6 +116,18 @@ def test_nmt_average_leaves_out_a_state_a_signal_wrote_between_validations(run, 
     assert "3 training-state checkpoint(s) written by validations exist, 4 asked for" in capsys.readouterr().err
 
 
+def test_nmt_average_of_more_than_the_run_has_says_so_before_loading_a_model(run, capsys, monkeypatch):
+    import nmt.translate
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("loaded a model (and measured kernels, read the dev set) before counting checkpoints")
+
+    monkeypatch.setattr(nmt.translate, "load_translator", no_loading)
+    assert main(["average", "--model", str(run / "run"), "--last", "5"]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert "3 training-state checkpoint(s) written by validations exist, 5 asked for" in line
+
+
 @pytest.mark.parametrize("last", ["1", "0", "two"])
 def test_nmt_average_of_fewer_than_two_is_refused_before_touching_the_run(run, capsys, last):
     index = (run / "run" / "checkpoints" / "index.json").read_bytes()
