@@ -696,9 +696,14 @@ class Trainer:
             )
 
     def _skip_nonfinite(self) -> None:
+        """A non-finite loss or gradient norm, no fp16 overflow (the gradients were finite at this scale:
+        a target of probability 0 makes the loss inf and its gradient finite). Not an update: in fp16
+        the loss scale stays, and the update is not one of the good ones that double it."""
         p, limit = self.progress, self.cfg.train.max_nonfinite
         self.optimizer.zero_grad(set_to_none=True)
-        self.scaler.update()  # fp16: unscale_ ran; the next update's unscale_ raises unless this one is ended
+        # fp16: unscale_ ran, and the next update's unscale_ raises unless this one is ended. A plain
+        # update() would count it as a good update towards growth_interval; a scale given ends it uncounted.
+        self.scaler.update(self.scaler.get_scale())
         p.nonfinite_in_row += 1
         p.skipped_updates += 1
         self.log(f"update {p.update + 1}: non-finite loss or gradient norm, skipped ({p.nonfinite_in_row} in a row)")

@@ -192,6 +192,33 @@ def test_fp16_a_non_finite_loss_is_skipped_and_the_next_update_runs(tmp_path, mo
     assert trainer.progress.update == 1
 
 
+def test_fp16_a_skipped_non_finite_loss_leaves_the_loss_scale_and_its_growth_count(tmp_path, monkeypatch):
+    """A loss of inf over finite gradients (a target the model gives probability 0) is no overflow:
+    the scale stays, as fairseq's would, and the update that was skipped is not one of the good ones
+    GradScaler counts to double its scale (growth_interval): only updates made count."""
+    import nmt.trainer
+
+    trainer = fp16_trainer(tmp_path, monkeypatch)
+    trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
+    real, poisoned = nmt.trainer.teacher_forced_loss, [False]
+
+    def loss_of_inf(model, *args, **kwargs):
+        loss, nll = real(model, *args, **kwargs)
+        return (loss + float("inf"), nll) if poisoned[0] else (loss, nll)  # the gradient stays finite
+
+    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss_of_inf)
+    rows = list(range(8))
+    assert trainer.train_step([rows]) is not None  # one good update of the 2 that double the scale
+    poisoned[0] = True
+    assert trainer.train_step([rows]) is None
+    assert trainer.progress.nonfinite_in_row == 1 and trainer.progress.update == 1
+    assert trainer.scaler.get_scale() == 1024.0  # not doubled: the skipped update is not a good one
+    poisoned[0] = False
+    assert trainer.train_step([rows]) is not None
+    assert trainer.scaler.get_scale() == 2048.0  # the second update made
+    trainer.close()
+
+
 def test_fp16_overflows_are_not_updates_and_stop_the_run_below_the_minimum_loss_scale(tmp_path, monkeypatch):
     trainer = fp16_trainer(tmp_path, monkeypatch, max_nonfinite=1)
     trainer.model.trg_embed.weight.register_hook(lambda grad: grad * float("inf"))  # overflows at any scale
