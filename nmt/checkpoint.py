@@ -301,9 +301,14 @@ class CheckpointManager:
         (a run that averaged fewer checkpoints than ``train.average_last`` and trained on); one made
         with ``nmt average`` is kept, to be chosen by name."""
         path = self.directory / name
-        save(payload, path)
         index = self.read_index()
         before = index.get("average") or {}
+        if before.get("file") == name:
+            # Written again under its name: the index stops naming it first, so a kill before the new
+            # entry is written leaves no average recorded, not the old one's score and updates on new weights.
+            index = {key: value for key, value in index.items() if key != "average"}
+            atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
+        save(payload, path)
         index["average"] = {"file": name, "score": score, "updates": updates, "by_training": by_training}
         atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
         if by_training and before.get("by_training") and before.get("file") not in (None, name):

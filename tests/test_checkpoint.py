@@ -297,3 +297,31 @@ def test_non_finite_weights_are_never_written(tmp_path):
     with pytest.raises(NMTError, match="non-finite weights \\(w\\)"):
         checkpoint.save(bad, path)
     assert not path.exists()
+
+
+def test_a_kill_while_an_average_is_written_again_never_leaves_its_old_score_on_its_new_weights(tmp_path, monkeypatch):
+    """Training writes average_last_N.pt again under its name as it goes on: killed after the new weights
+    and before the index recorded them, the index's score and updates were the old average's, and
+    --checkpoint auto chose the new weights by a score that was not theirs."""
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    m.save_best(payload(5.0), 5, score=40.0)
+    m.save_average(payload(1.0), "average_last_3.pt", 45.0, [1, 2, 3], by_training=True)
+    assert m.model_path() == tmp_path / "average_last_3.pt"  # 45 beats the best's 40
+    real = checkpoint.atomic_write_bytes
+
+    def killed_before_recording(path, data):
+        if path.name == "index.json" and b"[\n   2,\n   3,\n   4\n  ]" in data:
+            raise KeyboardInterrupt  # as a second Ctrl-C's os._exit, or SIGKILL, stops it there
+        return real(path, data)
+
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", killed_before_recording)
+    with pytest.raises(KeyboardInterrupt):
+        m.save_average(payload(2.0), "average_last_3.pt", 30.0, [2, 3, 4], by_training=True)
+    monkeypatch.setattr(checkpoint, "atomic_write_bytes", real)
+    assert torch.equal(checkpoint.load(tmp_path / "average_last_3.pt")["model"]["w"], torch.full((3, 3), 2.0))
+    # The index names no average now (the next end of training or 'nmt average' makes it again): the
+    # best single checkpoint is what translation loads.
+    assert m.average_path() is None and m.read_index().get("average") is None
+    assert m.model_path() == tmp_path / "best_00000005.pt"
+    m.save_average(payload(2.0), "average_last_3.pt", 30.0, [2, 3, 4], by_training=True)
+    assert m.read_index()["average"]["updates"] == [2, 3, 4] and m.average_path()[1] == 30.0
