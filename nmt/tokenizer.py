@@ -300,7 +300,7 @@ def _write(path: Path, data: bytes) -> None:
 def _train_model(
     cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None, seed: int, record: dict | None
 ) -> None:
-    """Train in memory, then write the ``.vocab``, the model and ``record`` (what it was made from),
+    """Train in memory, then write ``record`` (what it was made from), the ``.vocab`` and the model,
     each under a temporary name renamed into place. The model's rename is what makes it visible for
     reuse, so an interrupted run leaves no half-written ``.model`` behind. The bytes depend only on
     the text, the settings (``threads`` among them) and ``seed``: no file name of the training, and
@@ -333,11 +333,14 @@ def _train_model(
         raise _vocab_error(str(e), cfg.vocab_size, side) from None
     proto = model.getvalue()
     model_path.parent.mkdir(parents=True, exist_ok=True)
-    # vocab first: the .model file appearing is the signal that training finished.
+    # The record first: a model without one is taken for an earlier version's and reused, so a kill
+    # between the model and its record left a model the next start reused whatever its settings. A
+    # record without its model is trained again, and rewritten.
+    if record is not None:
+        _write(record_path(model_path), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
+    # The .model file appearing, last, is the signal that training finished.
     _write(model_path.with_suffix(".vocab"), _vocab_text(spm.SentencePieceProcessor(model_proto=proto)).encode())
     _write(model_path, proto)
-    if record is not None:  # last: a model without its record is one an earlier version made
-        _write(record_path(model_path), (json.dumps(record, indent=2, sort_keys=True) + "\n").encode())
 
 
 def train_or_load_tokenizers(

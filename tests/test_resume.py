@@ -341,6 +341,33 @@ def test_a_tokenizer_left_by_a_failed_first_start_is_trained_again_with_the_fixe
     assert model.read_bytes() == before
 
 
+@pytest.mark.parametrize("killed_after", ["spm.model.json", "spm.vocab", "spm.model"])
+def test_a_first_start_killed_as_it_writes_the_tokenizer_leaves_none_the_next_start_reuses(
+    tmp_path, monkeypatch, killed_after
+):
+    # Killed just after one of the tokenizer's files is written. spm.model used to come before its
+    # record, and a model without a record (an earlier version's) is reused where no config.yaml says
+    # otherwise: the next start, with other settings, trained on the killed start's 60 pieces, not 50.
+    import nmt.tokenizer
+
+    config = tiny_config(tmp_path)
+    real = nmt.tokenizer._write
+
+    def killed(path, data):
+        real(path, data)
+        if path.name == killed_after:
+            raise KeyboardInterrupt  # as a second Ctrl-C's os._exit, or SIGKILL, stops it here
+
+    monkeypatch.setattr(nmt.tokenizer, "_write", killed)
+    assert main(["prepare", "--config", str(config)]) != 0
+    monkeypatch.setattr(nmt.tokenizer, "_write", real)
+    run = tmp_path / "run"
+    assert (run / killed_after).exists() and not (run / "config.yaml").exists()
+    assert main(["prepare", "--config", str(config), "--set", "tokenizer.vocab_size=50"]) == 0
+    assert Tokenizer.load(run / "spm.model").vocab_size == 50
+    assert json.loads((run / "spm.model.json").read_text())["tokenizer"]["vocab_size"] == 50
+
+
 def test_a_source_model_left_by_a_failed_first_start_is_trained_again(tmp_path, capsys):
     # Separate vocabularies: the source model is written, then the target side is too small for 200.
     config = tiny_config(tmp_path)
