@@ -515,6 +515,22 @@ def _first_duplicate_key(root: yaml.Node) -> tuple[str, yaml.Mark] | None:
     return None
 
 
+class _ValueCheckingLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, where a scalar its constructor cannot make into its type is a YAML error
+    at that scalar: PyYAML raises a bare ValueError for an impossible date (``name: 2023-02-30``),
+    an integer of over 4,300 digits or ``!!int abc``, which names neither the file nor the line."""
+
+    def construct_object(self, node: yaml.Node, deep: bool = False) -> Any:
+        try:
+            return super().construct_object(node, deep)
+        except (ValueError, OverflowError) as e:
+            shown = node.value if isinstance(node.value, str) else ""
+            shown = shown if len(shown) <= 40 else shown[:37] + "..."
+            quote = ": quote it to keep it as text" if node.tag == "tag:yaml.org,2002:timestamp" else ""
+            problem = f"cannot read the value {shown!r} ({str(e).split(':')[0]}){quote}"
+            raise yaml.constructor.ConstructorError(None, None, problem, node.start_mark) from None
+
+
 # Numbers YAML 1.1 reads in another base than the decimal a config's writer means: a leading zero
 # is octal (seed: 010 is 8) and colons are base 60 (max_minutes: 1:30 is 90). 0x and 0b say their base.
 _OCTAL = re.compile(r"[-+]?0[0-7_]+")
@@ -549,7 +565,7 @@ def _load_unique_keys(path: Path | str, text: str, root_key: str = "") -> Any:
     """``yaml.safe_load(text)``, refusing a key given twice in one mapping, and a number YAML 1.1 would
     read in another base than decimal (``010`` as 8, ``1:30`` as 90). ``root_key``: the key the
     document is the value of (a --set's)."""
-    loader = yaml.SafeLoader(text)
+    loader = _ValueCheckingLoader(text)
     try:
         root = loader.get_single_node()
         duplicate = None if root is None else _first_duplicate_key(root)

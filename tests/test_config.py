@@ -128,6 +128,19 @@ def test_a_control_character_in_a_config_is_an_error_naming_its_line_and_column(
         load_config(path)
 
 
+@pytest.mark.parametrize("value", ["2023-02-30", "!!int abc", "9" * 5000])
+def test_a_value_yaml_cannot_construct_is_an_error_naming_its_line(tmp_path, value):
+    # PyYAML raises a bare ValueError for these (an impossible date, a tagged non-number, an integer
+    # over Python's 4,300 digits), which the CLI printed as a traceback
+    path = write(tmp_path, f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5}}\nname: {value}\n")
+    with pytest.raises(NMTError, match=r"c.yaml: line 3, column 7: YAML does not parse: cannot read the value"):
+        load_config(path)
+    valid = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n")
+    assert load_config(valid, ["name=2023-02-30"]).name == "2023-02-30"  # a --set keeps the text
+    with pytest.raises(NMTError, match=r"--set train.max_updates=9+: config key 'train.max_updates'"):
+        load_config(valid, ["train.max_updates=" + "9" * 5000])
+
+
 def test_missing_and_empty_config(tmp_path):
     with pytest.raises(NMTError, match="no such config file"):
         load_config(tmp_path / "nope.yaml")
