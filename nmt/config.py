@@ -621,6 +621,8 @@ def read_yaml(path: str | Path) -> dict:
         raise NMTError(f"{path}: permission denied") from None
     except UnicodeDecodeError as e:
         raise NMTError(f"{path}: not valid UTF-8 ({e.reason} at byte {e.start})") from None
+    except OSError as e:  # a failing disk or a special file: the read itself failed
+        raise NMTError(f"{path}: cannot read the config file ({e.strerror or e})") from None
     try:
         values = _load_unique_keys(path, text)
     except yaml.YAMLError as e:

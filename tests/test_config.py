@@ -1,6 +1,7 @@
 """The config is checked once: wrong keys, types and ranges give one-line errors naming the key."""
 
 import copy
+import errno
 import re
 from pathlib import Path
 
@@ -139,6 +140,17 @@ def test_a_value_yaml_cannot_construct_is_an_error_naming_its_line(tmp_path, val
     assert load_config(valid, ["name=2023-02-30"]).name == "2023-02-30"  # a --set keeps the text
     with pytest.raises(NMTError, match=r"--set train.max_updates=9+: config key 'train.max_updates'"):
         load_config(valid, ["train.max_updates=" + "9" * 5000])
+
+
+def test_a_config_file_that_cannot_be_read_is_an_error_naming_it(tmp_path, monkeypatch):
+    path = write(tmp_path, "data: {train: a, dev: b}\n")
+
+    def failing_read(self, *args, **kwargs):
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(Path, "read_text", failing_read)
+    with pytest.raises(NMTError, match=r"c.yaml: cannot read the config file \(Input/output error\)"):
+        load_config(path)
 
 
 def test_missing_and_empty_config(tmp_path):
