@@ -140,7 +140,21 @@ def load(path: Path, map_location: str | torch.device = "cpu") -> dict:
         raise NMTError(f"{path}: checkpoint is unreadable ({type(e).__name__}); it may be truncated") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise NMTError(f"{path}: not an nmt checkpoint")
+    _check_model_weights(path, payload.get("model"))
     return payload
+
+
+def _check_model_weights(path: Path, model: Any) -> None:
+    """Refuse weights no nmt run writes (``save`` never writes non-finite ones): a missing or
+    malformed ``model`` failed later in a KeyError, and NaN weights translated every line into
+    no hypothesis at all, an IndexError."""
+    if not isinstance(model, dict) or not model:
+        raise NMTError(f"{path}: not an nmt checkpoint (it holds no model weights)")
+    if not all(isinstance(name, str) and isinstance(t, torch.Tensor) for name, t in model.items()):
+        raise NMTError(f"{path}: not an nmt checkpoint (its model weights are not all named tensors)")
+    bad = non_finite_tensors(model)
+    if bad:
+        raise NMTError(f"{path}: the model has non-finite weights ({', '.join(bad[:3])}); use another checkpoint")
 
 
 def _mapped_entry(path: Path, key: str) -> dict | None:

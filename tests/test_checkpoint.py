@@ -325,3 +325,22 @@ def test_a_kill_while_an_average_is_written_again_never_leaves_its_old_score_on_
     assert m.model_path() == tmp_path / "best_00000005.pt"
     m.save_average(payload(2.0), "average_last_3.pt", 30.0, [2, 3, 4], by_training=True)
     assert m.read_index()["average"]["updates"] == [2, 3, 4] and m.average_path()[1] == 30.0
+
+
+@pytest.mark.parametrize(
+    "model,message",
+    [
+        (None, "it holds no model weights"),
+        ([1, 2], "it holds no model weights"),
+        ({}, "it holds no model weights"),
+        ({"w": "text"}, "its model weights are not all named tensors"),
+        ({"w": torch.full((2, 2), float("nan"))}, r"the model has non-finite weights \(w\); use another checkpoint"),
+    ],
+)
+def test_a_checkpoint_without_usable_weights_is_refused_on_load(tmp_path, model, message):
+    # written past save(), which refuses them: by hand, another program or a damaged run
+    path = tmp_path / "best_00000001.pt"
+    weights = {} if model is None else {"model": model}
+    torch.save({"format": checkpoint.FORMAT, "progress": {"update": 1}, **weights}, path)
+    with pytest.raises(NMTError, match=f"best_00000001.pt: .*{message}"):
+        checkpoint.load(path)
