@@ -203,6 +203,31 @@ def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.update, reverse=True)
 
 
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _index_entry_ok(entry: Any) -> bool:
+    """A best or average entry: a file name in the checkpoint directory (never a path out of it) and a score."""
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_number(entry.get("score")):
+        return False
+    name = entry["file"]
+    loss = entry.get("loss")
+    return name not in ("", ".", "..") and "/" not in name and (loss is None or _is_number(loss))
+
+
+def _index_shape_ok(index: Any) -> bool:
+    """Whether ``index`` has the shape ``CheckpointManager`` writes: the readers index into it."""
+    if not isinstance(index, dict):
+        return False
+    best, average, last = index.get("best", []), index.get("average"), index.get("last_state")
+    if not isinstance(best, list) or not all(map(_index_entry_ok, best)):
+        return False
+    if average not in (None, {}) and not _index_entry_ok(average):
+        return False
+    return last is None or (isinstance(last, int) and not isinstance(last, bool))
+
+
 def _rank(entry: dict) -> tuple[float, float]:
     """``best_rank`` of an index entry."""
     return best_rank(entry["score"], entry.get("loss"))
@@ -232,10 +257,13 @@ class CheckpointManager:
                 torn.unlink(missing_ok=True)
 
     def read_index(self) -> dict:
+        """The index as written; one that does not parse or is not of the shape written here (edited
+        by hand, another program's file) is read as none, and the checkpoints' names speak instead."""
         try:
-            return json.loads(self.index_path.read_text())
+            index = json.loads(self.index_path.read_text())
         except (OSError, ValueError):
             return {"best": []}
+        return index if _index_shape_ok(index) else {"best": []}
 
     def save_state(self, payload: dict, update: int) -> Path:
         path = self.directory / f"update_{update:08d}.pt"

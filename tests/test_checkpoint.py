@@ -344,3 +344,29 @@ def test_a_checkpoint_without_usable_weights_is_refused_on_load(tmp_path, model,
     torch.save({"format": checkpoint.FORMAT, "progress": {"update": 1}, **weights}, path)
     with pytest.raises(NMTError, match=f"best_00000001.pt: .*{message}"):
         checkpoint.load(path)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [
+        "[1]",
+        '{"best": "best_00000001.pt"}',
+        '{"best": [{"file": 5, "score": 10}]}',
+        '{"best": [{"file": "best_00000001.pt", "score": "high"}]}',
+        '{"best": [], "average": 5}',
+        '{"best": [{"file": "../outside.pt", "score": 99}]}',
+        '{"best": [], "last_state": "2"}',
+    ],
+)
+def test_an_index_of_another_shape_is_read_as_an_unreadable_one(tmp_path, index):
+    # edited by hand or written by another program: its readers indexed into it and failed
+    # (AttributeError, TypeError), or followed a name out of the checkpoint directory
+    m = checkpoint.CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=1)
+    assert m.save_best(payload(1.0), 1, score=10.0)
+    checkpoint.save(payload(9.0), tmp_path / "outside.pt")
+    m.index_path.write_text(index)
+    assert m.read_index() == {"best": []}
+    assert m.best_path() == m.model_path() == tmp_path / "checkpoints" / "best_00000001.pt"
+    assert m.best_score() == float("-inf") and m.average_path() is None
+    m.save_state(payload(2.0), 2)
+    assert m.read_index() == {"best": [], "last_state": 2}
