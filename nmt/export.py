@@ -183,6 +183,10 @@ def export_ctranslate2(
     out_dir = Path(out_dir)
     if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())):
         raise NMTError(f"{out_dir}: already exists and is not an empty directory; choose a new output directory")
+    try:  # before the conversion: a parent that is a file (OUT_DIR under a file) was a FileExistsError
+        out_dir.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NMTError(f"{out_dir}: cannot create its directory {out_dir.parent} ({e.strerror or e})") from None
     if isinstance(model, dict):
         from nmt.models.transformer import Transformer
 
@@ -193,8 +197,6 @@ def export_ctranslate2(
     spec.optimize(quantization=quantization)
 
     existing = out_dir.exists()  # an empty directory, checked above
-    if not existing:
-        out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = _staging_dir(out_dir, existing)
     shutil.rmtree(tmp, ignore_errors=True)
     try:

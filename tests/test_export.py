@@ -355,6 +355,15 @@ def test_existing_output_and_unknown_quantization_are_refused(ct2, fake_run, tmp
     assert (tmp_path / "empty" / "model.bin").exists()
 
 
+def test_an_output_directory_under_a_file_is_a_one_line_error(ct2, fake_run, tmp_path, capsys):
+    # the parent's mkdir was a FileExistsError traceback
+    run = fake_run()
+    (tmp_path / "notes.txt").write_text("mine")
+    out = tmp_path / "notes.txt" / "model"
+    one_line_error(capsys, ["export", "--format", "ctranslate2", run, out], f"{out}: cannot create its directory")
+    assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
 def test_an_existing_empty_output_directory_is_filled_not_replaced(ct2, fake_run, tmp_path, capsys, monkeypatch):
     """An empty OUT_DIR may be one that cannot be removed or renamed (a container's volume: EBUSY), a
     symlink, or the working directory: the files go into it, and it keeps its inode and mode."""
