@@ -156,8 +156,9 @@ def check_output(path: Path, inputs: Iterable[Path], option: str) -> None:
             raise NMTError(f"{option} {path}: cannot be written ({reason})")
         return
     parent = replaced_file(path).parent
-    if not parent.is_dir():
-        raise NMTError(f"{option} {path}: the directory {parent} does not exist")
+    if not parent.is_dir():  # "does not exist" of a file there (out.txt/x) sent the user looking for nothing
+        problem = "is a file, not a directory" if parent.exists() else "does not exist"
+        raise NMTError(f"{option} {path}: the directory {parent} {problem}")
     if not os.access(parent, os.W_OK | os.X_OK):
         raise NMTError(f"{option} {path}: the directory {parent} is not writable")
     try:  # the temporary file must be possible there (not so in /proc, say, or on a read-only mount)

@@ -90,6 +90,14 @@ def test_a_symlink_keeps_pointing_at_its_replaced_target(tmp_path):
     assert sorted(p.name for p in (tmp_path / "real").iterdir()) == ["out.txt"]
 
 
+def test_an_output_under_a_file_says_the_file_is_no_directory(tmp_path):
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NMTError, match=r"notes.txt/out: the directory .*notes.txt is a file, not a directory"):
+        check_output(tmp_path / "notes.txt" / "out", [], "--output")
+    with pytest.raises(NMTError, match=r"--output .*missing/out: the directory .*missing does not exist"):
+        check_output(tmp_path / "missing" / "out", [], "--output")
+
+
 @pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs Linux's /proc")
 def test_an_output_no_file_can_be_written_beside_is_refused(tmp_path):
     with pytest.raises(NMTError, match=r"--output /proc/version: no file can be written in /proc"):
