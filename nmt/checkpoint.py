@@ -394,7 +394,9 @@ class CheckpointManager:
         found = list_checkpoints(self.directory, "update")
         for info in found:
             try:
-                return info.path, load(info.path)
+                state = load(info.path)
+                _check_training_state(info.path, state)
+                return info.path, state
             except NMTError as e:
                 warn(f"{e}; trying an older checkpoint")
         if found:
@@ -403,6 +405,18 @@ class CheckpointManager:
                 "readable; restore one, or train into a new run_dir to start over"
             )
         return None
+
+
+# What a resume reads of a training state besides the model, each a mapping (Trainer._resume).
+TRAINING_STATE_ENTRIES = ("optimizer", "progress", "rng")
+
+
+def _check_training_state(path: Path, state: dict) -> None:
+    """Refuse a state a resume would fail on with a KeyError or AttributeError traceback (written by
+    hand or by another program: ``save`` writes them all)."""
+    for key in TRAINING_STATE_ENTRIES:
+        if not isinstance(state.get(key), dict):
+            raise NMTError(f"{path}: not a training state nmt can resume (no '{key}' mapping)")
 
 
 def written_by_validation(progress: dict) -> bool:

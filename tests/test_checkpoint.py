@@ -12,7 +12,7 @@ from nmt.errors import NMTError
 
 
 def payload(value: float) -> dict:
-    return {"model": {"w": torch.full((3, 3), value)}, "progress": {"update": int(value)}}
+    return {"model": {"w": torch.full((3, 3), value)}, "progress": {"update": int(value)}, "optimizer": {}, "rng": {}}
 
 
 def test_roundtrip(tmp_path):
@@ -370,3 +370,18 @@ def test_an_index_of_another_shape_is_read_as_an_unreadable_one(tmp_path, index)
     assert m.best_score() == float("-inf") and m.average_path() is None
     m.save_state(payload(2.0), 2)
     assert m.read_index() == {"best": [], "last_state": 2}
+
+
+@pytest.mark.parametrize("entry", ["optimizer", "progress", "rng"])
+def test_a_training_state_without_what_a_resume_reads_is_passed_over(tmp_path, entry):
+    # a resume from it ended in a KeyError traceback
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    m.save_state(payload(1.0), 1)
+    m.save_state({key: value for key, value in payload(2.0).items() if key != entry}, 2)
+    warnings = []
+    path, state = m.load_latest_state(warnings.append)
+    assert path.name == "update_00000001.pt" and state["progress"]["update"] == 1
+    assert warnings == [
+        f"{tmp_path / 'update_00000002.pt'}: not a training state nmt can resume (no '{entry}' mapping); "
+        "trying an older checkpoint"
+    ]
