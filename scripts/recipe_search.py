@@ -9,9 +9,9 @@ by its best dev BLEU (dev loss as the tie-breaker). A test set is never translat
 
 ``--parallel 2 --threads 1`` trains two variants at once, one thread each (the budget then buys
 about half the updates of a two-thread run: compare variants within one search, not across
-searches with other settings). Writes OUT/results.md (a table) and OUT/results.json; draw the dev
-curves with ``nmt plot OUT/* --out OUT/figures``. A variant whose run directory already finished
-is not trained again.
+searches with other settings). Writes OUT/results.md (a table), OUT/results.json and each variant's
+OUT/NAME.log; draw the dev curves of the run directories alone with ``nmt plot OUT/*/ --out figures``.
+A variant whose run directory already finished is not trained again.
 """
 
 from __future__ import annotations
