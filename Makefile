@@ -17,18 +17,23 @@ THREADS ?= auto
 .PHONY: help install demo test lint multi30k-data multi30k multi30k-best multi30k-rnn multi30k-shared multi30k-rnn-shared bench bench-scale compare gpu-check clean
 
 help:
+	@echo "make install        the virtual environment .venv with nmt and its extras (the other targets do it first)"
 	@echo "make demo           train + translate + score the offline synthetic demo (< 5 min on 2 CPU cores)"
 	@echo "make test           run the test suite"
 	@echo "make lint           ruff"
 	@echo "make multi30k       Multi30k de->en Transformer: fetch data, train 30 min, tune decoding on dev, score test"
 	@echo "make multi30k-best  the best Multi30k recipe: train 130 min, tune decoding on dev, score test"
 	@echo "make multi30k-rnn   the LSTM+attention baseline, its own recipe, same data and budget"
+	@echo "make multi30k-data  fetch Multi30k into data/multi30k (copied from MULTI30K_DIR where it is set)"
+	@echo "make multi30k-shared, multi30k-rnn-shared"
+	@echo "                    each model with the peers' shared recipe (the half of make compare)"
 	@echo "make compare        both models, each with its own recipe and with the peers' shared one (4 runs"
 	@echo "                    of 30 min): report/compare.md and report/compare.png"
 	@echo "make bench          speed benchmark (training tokens/s, decoding sentences/s, vs. matmul peak)"
 	@echo "make bench-scale    data at scale: prepare 100k and 5M generated pairs, training memory of both"
 	@echo "make gpu-check      everything that needs CUDA, one screen of results (a Python whose torch sees a GPU,"
 	@echo "                    or GPU_PY=python3; nothing is installed where one is found)"
+	@echo "make clean          remove runs/ and data/demo (keeps .venv and data/multi30k)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)

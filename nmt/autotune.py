@@ -105,7 +105,7 @@ class Choice:
 
     def describe(self) -> str:
         """One line for the log: the choice, and the figures it was made on."""
-        threads = f", {self.threads} threads" if self.threads is not None else ""
+        threads = "" if self.threads is None else f", {self.threads} thread{'' if self.threads == 1 else 's'}"
         cpu_fp32 = self.precision == "fp32" and self.threads is not None
         library = f", fp32 matmul {self.fp32_matmul}" if cpu_fp32 else ""
         kernel = "" if self.attention == NO_KERNEL else f", attention {self.attention}"

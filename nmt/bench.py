@@ -205,7 +205,8 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
         "parameters": trainer.model.num_parameters(),
         "max_tokens": cfg.train.max_tokens,
     }
-    log(f"benchmark: {cfg.name} on {report['machine_name']} ({torch.get_num_threads()} threads)")
+    threads = torch.get_num_threads()
+    log(f"benchmark: {cfg.name} on {report['machine_name']} ({threads} thread{'' if threads == 1 else 's'})")
     names = ["fp32"] + (["bf16"] if bf16_available(device) else []) + (["fp16"] if device.type == "cuda" else [])
     peaks = {name: matmul_peak_gflops(device, Precision(device.type, name)) for name in names}
     report["matmul_peak_gflops"] = peaks

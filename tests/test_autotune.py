@@ -503,7 +503,7 @@ def test_set_overrides_the_measurement(tmp_path, capsys):
     sets = ["train.precision=fp32", "train.attention=explicit", "train.threads=1", "train.fp32_matmul=blas"]
     assert main(["train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]) == 0
     log = (tmp_path / "run" / "train.log").read_text()
-    assert "kernels: precision fp32, fp32 matmul blas, attention explicit, 1 threads (from the config)" in log
+    assert "kernels: precision fp32, fp32 matmul blas, attention explicit, 1 thread (from the config)" in log
 
 
 LSTM = RNNConfig(d_model=32, rnn_hidden=32, encoder_layers=1, decoder_layers=1)
@@ -526,7 +526,7 @@ def test_the_lstm_has_no_attention_kernel_to_measure_or_name(tmp_path, monkeypat
         assert "attention" not in choice.describe() and "sdpa" not in choice.describe()
     monkeypatch.setattr(autotune, "measure", lambda *args: pytest.fail("nothing is left to measure"))
     named = choose(Request("fp32", "auto", 1, "blas"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
-    assert named.describe() == "precision fp32, fp32 matmul blas, 1 threads (from the config)"
+    assert named.describe() == "precision fp32, fp32 matmul blas, 1 thread (from the config)"
 
 
 def test_an_attention_kernel_named_for_the_lstm_is_a_config_error(tmp_path, capsys):
