@@ -87,6 +87,8 @@ def main() -> int:
     p.add_argument("--parallel", type=int, default=1, help="variants trained at once")
     p.add_argument("--threads", type=int, help="train.threads of each (default: the config's)")
     args = p.parse_args()
+    # The trainings run in ROOT: a relative path means the caller's directory, as for any command.
+    args.base, args.out = args.base.absolute(), args.out.absolute()
     variants = [parse_variant(v) for v in args.variant]
     args.out.mkdir(parents=True, exist_ok=True)
     pending = [(n, s) for n, s in variants if not (args.out / n / "checkpoints" / "index.json").exists()]
