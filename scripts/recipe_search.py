@@ -11,7 +11,8 @@ by its best dev BLEU (dev loss as the tie-breaker). A test set is never translat
 about half the updates of a two-thread run: compare variants within one search, not across
 searches with other settings). Writes OUT/results.md (a table), OUT/results.json and each variant's
 OUT/NAME.log; draw the dev curves of the run directories alone with ``nmt plot OUT/*/ --out figures``.
-A variant whose run directory already finished is not trained again.
+A variant whose run directory already finished is not trained again. A variant that fails is named
+with its log's last line and left out of the table; the others are ranked, and the exit status is 1.
 """
 
 from __future__ import annotations
@@ -27,6 +28,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from nmt.metrics import read_metrics  # noqa: E402
+
+POLL_S = 1.0  # how often the running variants are looked at
 
 
 def parse_variant(text: str) -> tuple[str, list[str]]:
@@ -45,6 +48,15 @@ def command(base: Path, run_dir: Path, sets: list[str], minutes: float, threads:
     for s in sets:
         args += ["--set", s]
     return args
+
+
+def last_line(log: Path) -> str:
+    """What a failed variant's log said last."""
+    try:
+        lines = [line for line in log.read_text(encoding="utf-8", errors="replace").splitlines() if line.strip()]
+    except OSError:
+        return "(no log)"
+    return lines[-1] if lines else "(empty log)"
 
 
 def summary(name: str, sets: list[str], run_dir: Path) -> dict:
@@ -78,6 +90,27 @@ def markdown(rows: list[dict], minutes: float) -> str:
     return "\n".join(lines) + "\n"
 
 
+def train_pending(args: argparse.Namespace, variants: list[tuple[str, list[str]]]) -> dict[str, int]:
+    """Train the variants not finished yet, ``--parallel`` at a time; their exit statuses by name."""
+    pending = [(n, s) for n, s in variants if not (args.out / n / "checkpoints" / "index.json").exists()]
+    running: list[tuple[str, subprocess.Popen]] = []
+    statuses: dict[str, int] = {}
+    while pending or running:
+        while pending and len(running) < args.parallel:
+            name, sets = pending.pop(0)
+            with open(args.out / f"{name}.log", "w") as log:
+                cmd = command(args.base, args.out / name, sets, args.minutes, args.threads)
+                running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
+            print(f"started {name}: {' '.join(sets) or '(base)'}", flush=True)
+        time.sleep(POLL_S)
+        for name, proc in list(running):
+            if proc.poll() is not None:
+                running.remove((name, proc))
+                statuses[name] = proc.returncode
+                print(f"finished {name} (exit {proc.returncode})", flush=True)
+    return statuses
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--base", type=Path, required=True, help="config the variants change")
@@ -91,28 +124,19 @@ def main() -> int:
     args.base, args.out = args.base.absolute(), args.out.absolute()
     variants = [parse_variant(v) for v in args.variant]
     args.out.mkdir(parents=True, exist_ok=True)
-    pending = [(n, s) for n, s in variants if not (args.out / n / "checkpoints" / "index.json").exists()]
-    running: list[tuple[str, subprocess.Popen]] = []
-    while pending or running:
-        while pending and len(running) < args.parallel:
-            name, sets = pending.pop(0)
-            log = open(args.out / f"{name}.log", "w")
-            cmd = command(args.base, args.out / name, sets, args.minutes, args.threads)
-            running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
-            print(f"started {name}: {' '.join(sets) or '(base)'}", flush=True)
-        time.sleep(5)
-        for name, proc in list(running):
-            if proc.poll() is not None:
-                running.remove((name, proc))
-                print(f"finished {name} (exit {proc.returncode})", flush=True)
+    statuses = train_pending(args, variants)
+    failed = [name for name, status in statuses.items() if status != 0]
+    for name in failed:
+        print(f"failed {name} (exit {statuses[name]}): {last_line(args.out / f'{name}.log')}", file=sys.stderr)
+    ranked = [(n, s) for n, s in variants if n not in failed]
     rows = sorted(
-        (summary(n, s, args.out / n) for n, s in variants), key=lambda r: (-r["best_dev_bleu"], r["dev_loss_at_best"])
+        (summary(n, s, args.out / n) for n, s in ranked), key=lambda r: (-r["best_dev_bleu"], r["dev_loss_at_best"])
     )
     (args.out / "results.json").write_text(json.dumps(rows, indent=1))
     table = markdown(rows, args.minutes)
     (args.out / "results.md").write_text(table)
     print(table)
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

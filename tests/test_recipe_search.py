@@ -1,4 +1,4 @@
-"""scripts/recipe_search.py run as a subprocess on the tiny config."""
+"""scripts/recipe_search.py run as a subprocess on the tiny config: where its runs go, a variant that fails."""
 
 from __future__ import annotations
 
@@ -30,3 +30,16 @@ def test_relative_base_and_out_are_to_the_callers_directory(tmp_path: Path) -> N
     assert done.returncode == 0, done.stdout + done.stderr
     assert "best dev BLEU" in closing_line(tmp_path / "search" / "short")
     assert "| 1 | short |" in (tmp_path / "search" / "results.md").read_text()
+
+
+def test_a_failed_variant_is_named_and_the_others_still_ranked(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path, warmup_updates=1)
+    out = tmp_path / "search"
+    done = run_search(tmp_path, str(config), str(out), f"good: {SHORT}", f"bad: {SHORT} train.no_such_key=1")
+    assert done.returncode == 1
+    assert "Traceback" not in done.stderr
+    assert done.stderr.strip() == (
+        "failed bad (exit 2): nmt train: error: --set train.no_such_key=1: unknown config key 'train.no_such_key'"
+    )
+    table = (out / "results.md").read_text()
+    assert "| 1 | good |" in table and "bad" not in table
