@@ -11,14 +11,16 @@ by its best dev BLEU (dev loss as the tie-breaker). A test set is never translat
 about half the updates of a two-thread run: compare variants within one search, not across
 searches with other settings). Writes OUT/results.md (a table), OUT/results.json and each variant's
 OUT/NAME.log; draw the dev curves of the run directories alone with ``nmt plot OUT/*/ --out figures``.
-A variant whose run directory already finished is not trained again. A variant that fails is named
-with its log's last line and left out of the table; the others are ranked, and the exit status is 1.
+A variant whose run finished (its train.log ends on the run's closing line) is not trained again;
+one interrupted is resumed to its budget. A variant that fails is named with its log's last line and
+left out of the table; the others are ranked, and the exit status is 1.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import subprocess
 import sys
 import time
@@ -48,6 +50,20 @@ def command(base: Path, run_dir: Path, sets: list[str], minutes: float, threads:
     for s in sets:
         args += ["--set", s]
     return args
+
+
+# The line ``nmt train`` ends a finished run with (nmt/training.py:run), after its timestamp.
+CLOSING_LINE = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d best dev BLEU .*; run directory ")
+
+
+def finished(run_dir: Path) -> bool:
+    """Whether the run's last session ended by a stopping rule: an interrupted or crashed one has
+    checkpoints too, but its train.log ends on an error or mid-run, and a resume trains it on."""
+    try:
+        lines = (run_dir / "train.log").read_text(encoding="utf-8", errors="replace").splitlines()
+    except OSError:
+        return False
+    return bool(lines) and CLOSING_LINE.match(lines[-1]) is not None
 
 
 def last_line(log: Path) -> str:
@@ -92,13 +108,14 @@ def markdown(rows: list[dict], minutes: float) -> str:
 
 def train_pending(args: argparse.Namespace, variants: list[tuple[str, list[str]]]) -> dict[str, int]:
     """Train the variants not finished yet, ``--parallel`` at a time; their exit statuses by name."""
-    pending = [(n, s) for n, s in variants if not (args.out / n / "checkpoints" / "index.json").exists()]
+    pending = [(n, s) for n, s in variants if not finished(args.out / n)]
     running: list[tuple[str, subprocess.Popen]] = []
     statuses: dict[str, int] = {}
     while pending or running:
         while pending and len(running) < args.parallel:
             name, sets = pending.pop(0)
-            with open(args.out / f"{name}.log", "w") as log:
+            # appended: a resumed variant keeps its earlier sessions' output
+            with open(args.out / f"{name}.log", "a") as log:
                 cmd = command(args.base, args.out / name, sets, args.minutes, args.threads)
                 running.append((name, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT)))
             print(f"started {name}: {' '.join(sets) or '(base)'}", flush=True)

@@ -1,9 +1,12 @@
-"""scripts/recipe_search.py run as a subprocess on the tiny config: where its runs go, a variant that fails."""
+"""scripts/recipe_search.py run as a subprocess on the tiny config: where its runs go, a variant that
+fails, and a variant interrupted before its budget."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import tiny_config
@@ -43,3 +46,31 @@ def test_a_failed_variant_is_named_and_the_others_still_ranked(tmp_path: Path) -
     )
     table = (out / "results.md").read_text()
     assert "| 1 | good |" in table and "bad" not in table
+
+
+def test_an_interrupted_variant_is_resumed_and_a_finished_one_is_not_trained_again(tmp_path: Path) -> None:
+    config = tiny_config(tmp_path, warmup_updates=1)
+    out = tmp_path / "search"
+    run = out / "long"
+    # The variant's own training, stopped by SIGTERM after its first checkpoint (as a killed search leaves it).
+    sets = ["train.max_minutes=5", "train.max_updates=40", "train.validate_every=2", "train.threads=1"]
+    cmd = [sys.executable, "-m", "nmt", "train", "--config", str(config), "--set", f"run_dir={run}"]
+    proc = subprocess.Popen([*cmd, *(a for s in sets for a in ("--set", s))], stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (run / "checkpoints" / "index.json").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err
+    assert "SIGTERM received" in closing_line(run)
+
+    variant = "long: train.max_updates=40 train.validate_every=2 train.threads=1"
+    done = run_search(tmp_path, str(config), str(out), variant)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "started long" in done.stdout
+    assert "best dev BLEU" in closing_line(run)
+    assert "| 1 | long | `train.max_updates=40 train.validate_every=2 train.threads=1` | 40 |" in done.stdout
+
+    again = run_search(tmp_path, str(config), str(out), variant)
+    assert again.returncode == 0 and "started" not in again.stdout
