@@ -68,7 +68,7 @@ def run_nmt(nmt: list[str], config: str, overrides: list[str], updates: int) -> 
         sets = [arg for kv in ["train.max_tokens=4096", *overrides] for arg in ("--set", kv)]
         command = [*nmt, "bench", "--config", config, *sets, "--updates", str(updates), "--decode-sentences", "1"]
         try:
-            done = subprocess.run(command + ["--json", str(out)], cwd=ROOT, capture_output=True, text=True)
+            done = subprocess.run(command + ["--json", str(out)], capture_output=True, text=True)
         except OSError as e:
             raise SittingError(f"cannot run {nmt[0]}: {e.strerror} (pass --nmt, or run make install)") from None
         if done.returncode != 0:
@@ -97,7 +97,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=int, default=3, help="nmt/peer pairs to run (default 3)")
     parser.add_argument("--updates", type=int, default=40, help="timed nmt updates per run (default 40)")
     parser.add_argument("--peer-updates", type=int, default=60, help="fairseq updates per run (default 60)")
-    parser.add_argument("--config", default="configs/multi30k_transformer.yaml")
+    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_transformer.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
         "--peer",

@@ -64,6 +64,21 @@ def test_sitting_prints_each_pair_and_the_median_ratio(tmp_path):
     assert done.stdout.splitlines()[-1].startswith(f"median {report['summary']['median_ratio']:.2f}x over 2 pairs")
 
 
+def test_relative_config_and_nmt_are_to_the_callers_directory(tmp_path):
+    """As for any command: nmt bench ran in the repository and looked for a relative --config there."""
+    tiny_config(tmp_path)
+    peer = _fake_peer(tmp_path, 'echo "fairseq 0.12 training: 250 target tokens/s"')
+    (tmp_path / "bin").mkdir()
+    nmt = tmp_path / "bin" / "nmt"
+    nmt.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} -m nmt "$@"\n')
+    nmt.chmod(0o755)
+    args = ["--config", "tiny.yaml", "--nmt", "bin/nmt", "--peer", peer.name, "--updates", "2", "--pairs", "1"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's nmt, wherever the command runs
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].startswith("median ")
+
+
 def test_failing_peer_is_one_line_naming_it(tmp_path):
     peer = _fake_peer(tmp_path, 'echo "no venv here" >&2; exit 3')
     done = _run(tmp_path, peer)
