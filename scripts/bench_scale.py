@@ -135,7 +135,9 @@ def main() -> None:
     parser.add_argument("--workdir", default=str(ROOT / "runs"))
     parser.add_argument("--json", default=str(ROOT / "runs" / "bench_scale.json"))
     args = parser.parse_args()
-    results = [bench_size(n, args.updates, Path(args.workdir), Path(args.config)) for n in args.pairs]
+    # nmt runs in ROOT: a relative path means the caller's directory, where the corpus is generated.
+    workdir, config = Path(args.workdir).absolute(), Path(args.config).absolute()
+    results = [bench_size(n, args.updates, workdir, config) for n in args.pairs]
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     print(
         "| pairs | prepare s (all) | pairs/s (all) | read+encode pairs/s | prepare peak RSS (tree) "

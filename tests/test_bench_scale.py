@@ -1,0 +1,34 @@
+"""scripts/bench_scale.py on a tiny model and a few hundred generated pairs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "scripts" / "bench_scale.py"
+
+
+def tiny_scale_config(directory: Path) -> Path:
+    """configs/scale.yaml with a model that trains in a blink and kernels fixed (nothing measured)."""
+    values = yaml.safe_load((ROOT / "configs" / "scale.yaml").read_text())
+    values["model"].update(d_model=32, ff_size=64, encoder_layers=1, decoder_layers=1, heads=2)
+    values["tokenizer"].update(vocab_size=100, input_sentence_size=1000)
+    values["train"].update(precision="fp32", attention="sdpa", fp32_matmul="blas", threads=1, max_tokens=512)
+    path = directory / "scale.yaml"
+    path.write_text(yaml.safe_dump(values))
+    return path
+
+
+def test_relative_config_workdir_and_json_are_to_the_callers_directory(tmp_path: Path) -> None:
+    tiny_scale_config(tmp_path)
+    args = ["--pairs", "400", "--updates", "2", "--config", "scale.yaml", "--workdir", "w", "--json", "scale.json"]
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    [result] = json.loads((tmp_path / "scale.json").read_text())
+    assert result["pairs"] == 400 and result["shards"] == 1
+    assert (tmp_path / "w" / "scale-400" / "checkpoints").is_dir()
