@@ -11,6 +11,9 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "scripts" / "bench_scale.py"
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import bench_scale  # noqa: E402
 
 
 def tiny_scale_config(directory: Path) -> Path:
@@ -32,3 +35,19 @@ def test_relative_config_workdir_and_json_are_to_the_callers_directory(tmp_path:
     [result] = json.loads((tmp_path / "scale.json").read_text())
     assert result["pairs"] == 400 and result["shards"] == 1
     assert (tmp_path / "w" / "scale-400" / "checkpoints").is_dir()
+
+
+def test_start_up_figure_leaves_out_the_kernels_measurement(tmp_path: Path) -> None:
+    """An uncached ``auto`` measures for seconds before the first batch: not what the data costs."""
+    fake_train = tmp_path / "fake_train.py"
+    fake_train.write_text(
+        "import sys, time\n"
+        "say = lambda m: print(m, file=sys.stderr, flush=True)\n"
+        "say('auto: measuring products/precision/attention/threads on a CPU ...')\n"
+        "time.sleep(2)\n"
+        "say('auto: precision fp32, attention sdpa (measured now)')\n"
+        "say('epoch 1: 3 batches')\n"
+    )
+    measured = bench_scale.run_measured([sys.executable, str(fake_train)], marker="epoch 1:")
+    assert measured["seconds"] >= 2
+    assert measured["marker_seconds"] < 1
