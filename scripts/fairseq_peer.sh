@@ -38,3 +38,9 @@ FAIRSEQ_RECIPE=(
 fairseq_hypotheses() {
   grep '^D-' "$1" | sed 's/^D-//' | sort -n | cut -f3
 }
+
+# nmt_kernels LOG: the kernels nmt train chose, as its log's first 'auto:' or 'kernels:' line states
+# them ("precision fp32, fp32 matmul onednn, attention sdpa, 1 thread"), less the figures behind them.
+nmt_kernels() {
+  grep -m1 -E '^(auto|kernels): precision ' "$1" | sed -E 's/^(auto|kernels): //; s/ \(.*//'
+}

@@ -34,7 +34,7 @@ race() {  # race NAME [ENV=VALUE ...]: train on core 1 for $minutes, then score 
     >"$out/$name.log" 2>&1
   env "$@" taskset -c 1 "$nmt" eval-bleu --model "$run" --src "$data/test_2016_flickr.de" \
     --ref "$data/test_2016_flickr.en" --output "$run/test.hyp" >"$out/$name.test.txt" 2>&1
-  echo "nmt $name, $minutes min: $(grep -oE '^(auto|kernels): precision [a-z0-9]+, attention [a-z]+' "$out/$name.log" | head -1);" \
+  echo "nmt $name, $minutes min: $(nmt_kernels "$out/$name.log");" \
     "last logged $(grep -o "^update [0-9]*" "$out/$name.log" | tail -1); $(grep 'best dev BLEU' "$out/$name.log")"
   echo "  test_2016_flickr: $(grep -E 'BLEU|chrF' "$out/$name.test.txt" | tr '\n' ' ')"
 }

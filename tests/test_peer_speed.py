@@ -144,3 +144,17 @@ def test_decoding_and_quality_peers_spin_as_briefly_as_nmt():
     assert _spin_in_peer_scripts(clean) == str(SPIN_COUNT)
     assert _spin_in_peer_scripts({**clean, "OMP_WAIT_POLICY": "PASSIVE"}) == "unset"
     assert _spin_in_peer_scripts({**clean, "GOMP_SPINCOUNT": "5"}) == "5"
+
+
+def test_quality_race_names_the_kernels_of_every_precision(tmp_path):
+    """scripts/quality_race.sh states each nmt run's kernels from its log; an fp32 choice names its library too."""
+    choices = {
+        "fp32": "precision fp32, fp32 matmul onednn, attention sdpa, 1 thread",
+        "bf16": "precision bf16, attention explicit, 1 thread",
+    }
+    for name, choice in choices.items():
+        log = tmp_path / f"{name}.log"
+        log.write_text(f"oneDNN kernel cache: 1024 kernels\nauto: {choice} (measured now on a CPU; ms per step: x)\n")
+        script = f"root={ROOT}; source {ROOT / 'scripts' / 'fairseq_peer.sh'}; nmt_kernels {log}"
+        said = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
+        assert said == choice
