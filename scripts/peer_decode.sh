@@ -7,6 +7,7 @@
 # distort the timing), then times the whole translate command of each, twice, and scores both.
 #
 # usage: scripts/peer_decode.sh [UPDATES]     (default 500; about 10 + 5 minutes of training on 2 cores)
+#        the models stay, in $WORK/ckpt_decode_UPDATES and runs/peer_decode_nmt_UPDATES, for the next sitting
 # env:   FAIRSEQ_VENV, WORK  as in ../shared/peers/fairseq_speed.sh (run that once first)
 #        NMT                 the nmt command (default .venv/bin/nmt)
 set -euo pipefail
@@ -15,11 +16,13 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 source "$root/scripts/fairseq_peer.sh"
 require_peer peer_decode
 NMT=${NMT:-$root/.venv/bin/nmt}
-run=$root/runs/peer_decode_nmt
+# One pair of models per update count: those trained for another count are kept, never reused for this one.
+run=$root/runs/peer_decode_nmt_$updates
+ckpt=ckpt_decode_$updates
 cd "$W"
-if [ ! -f "ckpt_decode/checkpoint_last.pt" ]; then
-  "$V/bin/fairseq-train" bin "${FAIRSEQ_RECIPE[@]}" --max-update "$updates" --save-dir ckpt_decode \
-    --no-epoch-checkpoints --disable-validation >train_decode.log 2>&1
+if [ ! -f "$ckpt/checkpoint_last.pt" ]; then
+  "$V/bin/fairseq-train" bin "${FAIRSEQ_RECIPE[@]}" --max-update "$updates" --save-dir "$ckpt" \
+    --no-epoch-checkpoints --disable-validation >"train_decode_$updates.log" 2>&1
 fi
 if [ ! -f "$run/checkpoints/index.json" ]; then
   rm -rf "$run"
@@ -32,7 +35,7 @@ since() { python3 -c "import sys; print(f'{float(sys.argv[2]) - float(sys.argv[1
 for attempt in 1 2; do
   # fairseq's checkpoints hold pickled objects: torch's weights-only loading refuses them without this.
   start=$(now)
-  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$V/bin/fairseq-generate" bin --path ckpt_decode/checkpoint_last.pt \
+  TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1 "$V/bin/fairseq-generate" bin --path "$ckpt/checkpoint_last.pt" \
     --gen-subset test --beam 5 --batch-size 128 --post-process sentencepiece --cpu >generate.out 2>generate.err
   echo "fairseq-generate, beam 5, whole command: $(since "$start") s (run $attempt)"
   start=$(now)

@@ -4,6 +4,7 @@ reports, and one-line errors, with a stand-in peer script (no fairseq build need
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -158,3 +159,50 @@ def test_quality_race_names_the_kernels_of_every_precision(tmp_path):
         script = f"root={ROOT}; source {ROOT / 'scripts' / 'fairseq_peer.sh'}; nmt_kernels {log}"
         said = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.strip()
         assert said == choice
+
+
+def _fake_decode_sitting(tmp_path: Path) -> tuple[Path, dict]:
+    """A copy of scripts/peer_decode.sh beside stand-ins for fairseq, sacrebleu, nmt and Multi30k's test set;
+    each stand-in trainer records the update count its model was trained for, and each scorer prints it."""
+    root = tmp_path / "repo"
+    (root / "scripts").mkdir(parents=True)
+    for name in ("peer_decode.sh", "fairseq_peer.sh"):
+        shutil.copy(ROOT / "scripts" / name, root / "scripts" / name)
+    (root / "data" / "multi30k").mkdir(parents=True)
+    for lang in ("de", "en"):
+        (root / "data" / "multi30k" / f"test_2016_flickr.{lang}").write_text("x\n")
+    venv, work = tmp_path / "venv", tmp_path / "work"
+    (venv / "bin").mkdir(parents=True)
+    (work / "bin").mkdir(parents=True)
+    (work / "bin" / "dict.en.txt").write_text("")
+    args = "while [ $# -gt 0 ]; do case $1 in"  # each stand-in takes the options it needs
+    stand_ins = {
+        # fairseq-train ... --max-update N --save-dir DIR: a "model" holding N
+        "fairseq-train": f"{args} --max-update) n=$2;; --save-dir) d=$2;; esac; shift; done\n"
+        'mkdir -p "$d"; echo "$n" >"$d/checkpoint_last.pt"',
+        "fairseq-generate": f'{args} --path) p=$2;; esac; shift; done\nprintf "D-0\\t0\\t%s\\n" "$(cat "$p")"',
+        "sacrebleu": f'{args} -i) f=$2;; esac; shift; done\ncat "$f"',
+        # nmt train --set run_dir=R --set train.max_updates=N, and nmt translate --model R -o OUT
+        "nmt": f"cmd=$1; {args} run_dir=*) r=${{1#*=}};; train.max_updates=*) n=${{1#*=}};; --model) r=$2;;\n"
+        "-o) o=$2;; esac; shift; done\n"
+        'if [ "$cmd" = train ]; then mkdir -p "$r/checkpoints"; echo "$n" >"$r/checkpoints/index.json"\n'
+        'echo "$n" >"$r/n"; else cp "$r/n" "$o"; fi',
+    }
+    for name, body in stand_ins.items():
+        path = venv / "bin" / name
+        path.write_text(f"#!/usr/bin/env bash\n{body}\n")
+        path.chmod(0o755)
+    env = {**os.environ, "FAIRSEQ_VENV": str(venv), "WORK": str(work), "NMT": str(venv / "bin" / "nmt")}
+    return root, env
+
+
+def test_peer_decode_trains_both_models_again_for_another_update_count(tmp_path):
+    root, env = _fake_decode_sitting(tmp_path)
+    for updates in ("500", "200"):
+        done = subprocess.run(
+            ["bash", str(root / "scripts" / "peer_decode.sh"), updates], capture_output=True, text=True, env=env
+        )
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == (
+            f"fairseq: {updates}  nmt: {updates}  (test_2016_flickr BLEU after {updates} updates)"
+        )
