@@ -113,6 +113,7 @@ bench-scale: install
 # The Python is GPU_PY where given, else the first of .venv's and python3 whose torch sees a GPU (a
 # GPU machine without network has only its own), else .venv, installed. Multi30k is fetched where
 # data/multi30k lacks it (MULTI30K_DIR, else a download); where that fails, only the bench is not run.
+# Where no Python sees a GPU, .venv's runs the check at once, which says so in one line: no download.
 GPU_PY ?=
 # Prints that Python; fails where none is found. (`make -n` runs the first line, which only looks.)
 find_gpu_python = $(if $(GPU_PY),echo '$(GPU_PY)',for py in $(BIN)/python python3; do \
@@ -120,7 +121,7 @@ find_gpu_python = $(if $(GPU_PY),echo '$(GPU_PY)',for py in $(BIN)/python python
 	done; exit 1)
 gpu-check:
 	@($(find_gpu_python)) >/dev/null || $(MAKE) --no-print-directory install
-	@py=$$($(find_gpu_python)) || py=$(BIN)/python; echo "gpu-check: $$py"; \
+	@py=$$($(find_gpu_python)) || { $(BIN)/python scripts/gpu_check.py; exit $$?; }; echo "gpu-check: $$py"; \
 	$$py scripts/get_multi30k.py --out data/multi30k || echo "gpu-check: no Multi30k: the bench will not run"; \
 	$$py scripts/gpu_check.py --data data/multi30k
 

@@ -214,6 +214,31 @@ def test_make_gpu_check_uses_a_python_whose_torch_sees_a_gpu_and_installs_nothin
     assert "gpu-check: python3" in done.stdout
 
 
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_gpu_check_without_a_gpu_fails_at_once_without_fetching_multi30k(tmp_path):
+    """No Python sees a GPU: the check's own one line, not a Multi30k download (and its error) first."""
+    bin_dir, venv, log = tmp_path / "bin", tmp_path / "venv", tmp_path / "calls.log"
+    no_gpu = f'#!/bin/sh\necho "$*" >> {log}\ncase "$*" in *gpu_check.py*) echo "no GPU" >&2; exit 2;; esac\nexit 1\n'
+    for python in (bin_dir / "python3", venv / "bin" / "python"):
+        python.parent.mkdir(parents=True, exist_ok=True)
+        python.write_text(no_gpu)
+        python.chmod(0o755)
+    (venv / ".installed").touch()  # installed: make has nothing to do there
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MAKEFLAGS", None)
+    done = subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "gpu-check", f"VENV={venv}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stdout + done.stderr
+    calls = log.read_text().splitlines()
+    assert [call for call in calls if "scripts/" in call] == ["scripts/gpu_check.py"]
+    assert done.stderr.splitlines()[0] == "no GPU"
+
+
 def test_relative_data_and_out_are_read_against_the_working_directory(tmp_path, monkeypatch):
     """make runs the script as `gpu_check.py --data data/multi30k`: the bench must read that Multi30k, not
     configs/data/multi30k (a config resolves relative paths against its own directory)."""
