@@ -32,6 +32,7 @@ from nmt import export  # noqa: E402
 from nmt.autotune import cpu_model_and_flags  # noqa: E402
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
+from nmt.errors import NMTError  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import corpus_scores  # noqa: E402
 from nmt.translate import load_translator  # noqa: E402
@@ -144,4 +145,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except NMTError as e:  # a config, key, file or run that is not right: one line, as nmt's commands say it
+        print(f"ct2_compare: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -25,6 +25,7 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from nmt.bench import scratch_trainer, update_groups  # noqa: E402
 from nmt.config import load_config  # noqa: E402
+from nmt.errors import NMTError  # noqa: E402
 
 
 def main() -> int:
@@ -63,4 +64,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except NMTError as e:  # a config, key, file or run that is not right: one line, as nmt's commands say it
+        print(f"profile_step: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -29,6 +29,7 @@ import torch  # noqa: E402
 from nmt.batching import token_batches  # noqa: E402
 from nmt.bench import scratch_trainer  # noqa: E402
 from nmt.config import load_config  # noqa: E402
+from nmt.errors import NMTError  # noqa: E402
 
 
 def _switches() -> tuple[int, int]:
@@ -89,4 +90,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except NMTError as e:  # a config, key, file or run that is not right: one line, as nmt's commands say it
+        print(f"rnn_update_times: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -79,3 +79,26 @@ def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys
     assert main(["bench", "--config", str(config), "--updates", "1", "--warmup", "1"]) == 2
     assert "holds a trained run's checkpoints" in capsys.readouterr().err
     assert (tmp_path / "run-bench" / "config.yaml").read_bytes() == kept
+
+
+@pytest.mark.parametrize(
+    "script, args, said",
+    [
+        ("profile_step.py", ["--config", "absent.yaml"], "absent.yaml: no such config file"),
+        ("rnn_update_times.py", ["--config", "CONFIG", "--set", "train.bogus=1"], "unknown config key 'train.bogus'"),
+        ("ct2_compare.py", ["gone", "--src", "data/train.de", "--ref", "data/train.en"], "gone: no such run"),
+    ],
+)
+def test_scripts_end_bad_input_on_one_line(tmp_path, script, args, said):
+    """As nmt's own commands: a missing config, an unknown key or a missing run is one line and exit 2."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    config = tiny_config(tmp_path)
+    path = Path(__file__).resolve().parent.parent / "scripts" / script
+    args = [str(config) if a == "CONFIG" else a for a in args]
+    done = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    [line] = done.stderr.splitlines()
+    assert line.startswith(f"{script[:-3]}: error: ") and said in line
