@@ -1,6 +1,7 @@
 """nmt's decoder against the same model exported to CTranslate2, in one process and one sitting.
 
     python scripts/ct2_compare.py RUN_DIR [--src data/multi30k/test_2016_flickr.de --ref ...en] [--repeats 5]
+        [--threads N]   (default: the cores this process may run on)
 
 1. Greedy, fp32: how many lines of ``nmt translate`` and CTranslate2 are identical (CTranslate2
    called once per max output length, so each sentence gets nmt's limit floor(a * src_len + b);
@@ -29,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from nmt import export  # noqa: E402
-from nmt.autotune import cpu_model_and_flags  # noqa: E402
+from nmt.autotune import cpu_model_and_flags, usable_cpus  # noqa: E402
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
@@ -57,7 +58,8 @@ def main() -> int:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--src", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.de")
     parser.add_argument("--ref", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.en")
-    parser.add_argument("--threads", type=int, default=2)
+    # Both decoders get the same threads; 2 was this one machine's cores, a literal on any other.
+    parser.add_argument("--threads", type=int, default=usable_cpus(), help="threads of both (default: the cores)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()

@@ -462,3 +462,18 @@ def test_ct2_compare_runs_on_a_run_that_writes_nbest_lists(ct2, fake_run, tmp_pa
     monkeypatch.setattr(sys, "argv", argv)
     assert ct2_compare.main() == 0
     assert f"greedy fp32, CTranslate2 grouped: {len(SOURCES)}/{len(SOURCES)} lines identical" in capsys.readouterr().err
+
+
+def test_ct2_compare_decodes_with_the_machines_cores_by_default(ct2, fake_run, tmp_path, monkeypatch):
+    """The default was 2 threads, the core count of the machine it was written on, on any machine."""
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "scripts"))
+    import ct2_compare
+
+    monkeypatch.setattr(ct2_compare, "usable_cpus", lambda: 3, raising=False)
+    text = tmp_path / "test.txt"
+    text.write_text("".join(line + "\n" for line in SOURCES), encoding="utf-8")
+    out = tmp_path / "compare.json"
+    argv = ["ct2_compare.py", str(fake_run()), "--src", str(text), "--ref", str(text), "--repeats", "1"]
+    monkeypatch.setattr(sys, "argv", [*argv, "--json", str(out)])
+    assert ct2_compare.main() == 0
+    assert json.loads(out.read_text())["threads"] == 3
