@@ -347,8 +347,13 @@ def _check_training(cfg: Config) -> None:
         raise NMTError(
             f"config key 'train.decay_updates': schedule '{t.schedule}' needs decay_updates, max_updates or max_minutes"
         )
-    # A case-folding rule makes the model write lower-case text: cased BLEU would then count every
-    # capital of the references as a miss, and choose best checkpoints and early stopping on that.
+
+
+def check_case_folding_scoring(cfg: Config) -> None:
+    """A case-folding rule makes the model write lower-case text: cased BLEU would then count every
+    capital of the references as a miss, and choose best checkpoints and early stopping on that.
+    Checked as a run starts (``RunDir.open_for_training``), not on resume: a run an earlier version
+    began with cased dev BLEU keeps it, since a resume may not change how dev BLEU is measured."""
     if cfg.tokenizer.normalization.endswith("_cf") and not cfg.decode.bleu_lowercase:
         raise NMTError(
             f"config key 'decode.bleu_lowercase': tokenizer.normalization '{cfg.tokenizer.normalization}' "

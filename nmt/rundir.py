@@ -32,6 +32,7 @@ from nmt.config import (
     CorpusConfig,
     DecodeConfig,
     apply_overrides,
+    check_case_folding_scoring,
     config_to_dict,
     config_yaml,
     load_config,
@@ -176,6 +177,16 @@ def check_resumable(old: Config, new: Config) -> None:
             + "), and the run's best checkpoints and patience count rank scores measured the old way: "
             "resume with the old value, or use a new run_dir"
         )
+
+
+def _check_new_run_scoring(cfg: Config, config_file: Path | None) -> None:
+    """``check_case_folding_scoring`` for a run that has ranked no scores yet, naming the config file."""
+    try:
+        check_case_folding_scoring(cfg)
+    except NMTError as e:
+        if config_file is None:
+            raise
+        raise NMTError(f"{config_file}: {e}") from None
 
 
 def check_saved_corpora(
@@ -586,6 +597,8 @@ class RunDir:
                     f"{CONFIG} of a run there (a run's {CONFIG} copied keeps its 'run_dir: .'): "
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
+        if not (self.config_path.exists() and self.has_checkpoints()):  # a resume: check_resumable below
+            _check_new_run_scoring(cfg, config_file)
         self.check_apart_from_corpora(cfg)
         self.check_apart_from_other_runs()
         try:

@@ -192,6 +192,25 @@ def test_a_resume_that_measures_dev_bleu_otherwise_is_refused(tmp_path, capsys, 
     assert main(["train", "--config", str(fresh), "--set", change]) == 0
 
 
+def test_a_case_folding_run_an_earlier_version_started_with_cased_bleu_resumes(tmp_path, capsys):
+    # Such a run (bleu_lowercase false, ranked by cased BLEU) was refused both ways: the config check
+    # asked for bleu_lowercase true, and the resume refused a change of how dev BLEU is measured.
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=2)
+    folding = ["--set", "tokenizer.normalization=nmt_nfkc_cf"]
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), *folding]) == 2
+    [line] = capsys.readouterr().err.strip().splitlines()
+    assert line.startswith(f"nmt train: error: {config}: config key 'decode.bleu_lowercase'"), line
+    assert not (tmp_path / "run").exists()
+    lowercase = ["--set", "decode.bleu_lowercase=true"]
+    assert main(["train", "--config", str(config), *folding, *lowercase]) == 0
+    # As an earlier version wrote it: no check then, cased dev BLEU.
+    saved = tmp_path / "run" / "config.yaml"
+    saved.write_text(saved.read_text().replace("bleu_lowercase: true", "bleu_lowercase: false"))
+    assert main(["train", "--config", str(config), *folding, "--set", "train.max_updates=10"]) == 0
+    assert final_weights(tmp_path / "run")[0] == 10
+
+
 def test_resumed_position_keeps_the_place_in_an_unchanged_epoch():
     assert resumed_position(3, 7, 10, 10) == (3, 7)
     assert resumed_position(3, 7, 0, 10) == (3, 7)  # a checkpoint that did not record the plan's size
