@@ -255,6 +255,19 @@ def test_a_rank_whose_peer_died_says_so_in_one_line(setup):
     assert ours.count("nmt train: error:") == int(said)
 
 
+def _train_two_ranks_running(
+    setup, script: Path, text: str, run_name: str, max_updates: int | None = None
+) -> subprocess.CompletedProcess:
+    """``nmt train`` on two torchrun ranks that each run ``text`` (written to ``script``) as their
+    main, into a fresh run directory ``run_name``."""
+    _, config, _, _, env = setup
+    script.write_text(text)
+    sets = _run_dir(setup, run_name) + ([] if max_updates is None else [f"train.max_updates={max_updates}"])
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
+    cmd += ["--config", str(config)] + [a for s in sets for a in ("--set", s)]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+
+
 _DIES_IN_SETUP = """
 import os, signal, sys
 from nmt import trainer
@@ -275,12 +288,8 @@ sys.exit(main(sys.argv[1:]))
 def test_a_peer_lost_in_the_set_up_ends_train_log_with_the_console_s_line(setup, tmp_path):
     # train.log ended on gloo's own error ('error: RuntimeError: [.../pair.cc:553] Connection closed
     # by peer ... GLHF!'), where the console said 'rank 0: another rank stopped (see its message)'.
-    root, config, _, _, env = setup
-    script = tmp_path / "dies_in_setup.py"
-    script.write_text(_DIES_IN_SETUP)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
-    cmd += ["--config", str(config)] + [a for s in _run_dir(setup, "died-in-setup") for a in ("--set", s)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    root = setup[0]
+    done = _train_two_ranks_running(setup, tmp_path / "dies_in_setup.py", _DIES_IN_SETUP, "died-in-setup")
     assert done.returncode != 0
     ours = done.stderr.split("ChildFailedError")[0]
     said = "nmt train: error: rank 0: another rank stopped (see its message)"
@@ -634,12 +643,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_the_other_ranks_train_on_rank_0_s_shards_without_encoding_again(setup, tmp_path):
-    root, config, _, _, env = setup
-    script = tmp_path / "other_machine.py"
-    script.write_text(_OTHER_MACHINE)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]
-    cmd += ["--config", str(config)] + [a for s in _run_dir(setup, "other-machine") for a in ("--set", s)]
-    done = subprocess.run(cmd + ["--set", "train.max_updates=2"], env=env, capture_output=True, text=True, timeout=240)
+    done = _train_two_ranks_running(setup, tmp_path / "other_machine.py", _OTHER_MACHINE, "other-machine", 2)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "rank 1 encodes" not in done.stderr
 

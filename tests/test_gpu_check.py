@@ -189,6 +189,19 @@ def test_cuda_tests_that_hang_are_stopped_and_reported_with_their_output(tmp_pat
     assert "tests/test_cuda.py ...." in capsys.readouterr().out
 
 
+def _make_gpu_check(bin_dir: Path, venv: Path) -> subprocess.CompletedProcess:
+    """``make gpu-check`` with ``bin_dir`` (its fake python3) first on PATH and ``venv`` as .venv."""
+    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("MAKEFLAGS", None)
+    return subprocess.run(
+        ["make", "--no-print-directory", "-C", str(ROOT), "gpu-check", f"VENV={venv}"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
 @pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
 def test_make_gpu_check_uses_a_python_whose_torch_sees_a_gpu_and_installs_nothing(tmp_path):
     """A GPU machine has no network: `make gpu-check` must run on its own Python, not pip-install a .venv."""
@@ -197,16 +210,8 @@ def test_make_gpu_check_uses_a_python_whose_torch_sees_a_gpu_and_installs_nothin
     fake = bin_dir / "python3"  # its torch "sees a GPU": every call succeeds, and is logged
     fake.write_text(f'#!/bin/sh\necho "$*" >> {log}\n')
     fake.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("MAKEFLAGS", None)
     venv = tmp_path / "venv"
-    done = subprocess.run(
-        ["make", "--no-print-directory", "-C", str(ROOT), "gpu-check", f"VENV={venv}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _make_gpu_check(bin_dir, venv)
     assert done.returncode == 0, done.stdout + done.stderr
     calls = log.read_text().splitlines()
     assert "scripts/gpu_check.py --data data/multi30k" in calls
@@ -224,15 +229,7 @@ def test_make_gpu_check_without_a_gpu_fails_at_once_without_fetching_multi30k(tm
         python.write_text(no_gpu)
         python.chmod(0o755)
     (venv / ".installed").touch()  # installed: make has nothing to do there
-    env = {**os.environ, "PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}
-    env.pop("MAKEFLAGS", None)
-    done = subprocess.run(
-        ["make", "--no-print-directory", "-C", str(ROOT), "gpu-check", f"VENV={venv}"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    done = _make_gpu_check(bin_dir, venv)
     assert done.returncode == 2, done.stdout + done.stderr
     calls = log.read_text().splitlines()
     assert [call for call in calls if "scripts/" in call] == ["scripts/gpu_check.py"]
