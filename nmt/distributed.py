@@ -86,6 +86,7 @@ def backend_for(device: torch.device) -> str:
 def init(world: World, device: torch.device) -> None:
     global _solo_work_group, _joined
     if world.enabled and not dist.is_initialized():
+        _check_store_address(world)
         join_timeout = join_timeout_from_environment()
         started = time.monotonic()
         try:
@@ -102,6 +103,16 @@ def init(world: World, device: torch.device) -> None:
                 f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)}){waited}"
             ) from None
         _joined = True
+
+
+def _check_store_address(world: World) -> None:
+    """env:// needs both; PyTorch's own error for one not set was a ValueError traceback."""
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name, "").strip()]
+    if missing:
+        raise NMTError(
+            f"rank {world.rank}: cannot join the other ranks: {' and '.join(missing)} not set (torchrun sets "
+            "them; ranks started another way with RANK and WORLD_SIZE need MASTER_ADDR and MASTER_PORT too)"
+        )
 
 
 def join_timeout_from_environment() -> timedelta:

@@ -648,6 +648,18 @@ def test_the_other_ranks_train_on_rank_0_s_shards_without_encoding_again(setup, 
     assert "rank 1 encodes" not in done.stderr
 
 
+@pytest.mark.parametrize("unset", [("MASTER_ADDR",), ("MASTER_PORT",), ("MASTER_ADDR", "MASTER_PORT")])
+def test_a_rank_without_the_store_s_address_says_which_variable_is_missing(monkeypatch, unset):
+    # RANK and WORLD_SIZE set by hand without them: PyTorch's ValueError ended in a traceback.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    for name in unset:
+        monkeypatch.delenv(name)
+    with pytest.raises(NMTError, match=f"rank 1: cannot join the other ranks: {' and '.join(unset)} not set"):
+        distributed.init(World(rank=1, world_size=2), torch.device("cpu"))
+    assert not torch.distributed.is_initialized()
+
+
 def test_a_rank_that_cannot_join_the_others_says_why_not_that_a_peer_stopped(tmp_path):
     # Ranks started with MASTER_ADDR and MASTER_PORT (a batch system, not torchrun) whose port is
     # taken: gloo's DistNetworkError read 'rank 0: another rank stopped (see its message)'.
