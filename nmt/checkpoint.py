@@ -192,6 +192,10 @@ class CheckpointInfo:
     update: int
 
 
+# What in a training state (its file, its content) a resume could not restore, in words; None: nothing.
+StateProblem = Callable[[CheckpointInfo, dict], str | None]
+
+
 def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
     """Checkpoints of one kind, newest first."""
     found = []
@@ -385,8 +389,12 @@ class CheckpointManager:
             return average[0]
         return best
 
-    def load_latest_state(self, warn: Callable[[str], None]) -> tuple[Path, dict] | None:
-        """Newest readable training state and its file; corrupt ones are reported and skipped.
+    def load_latest_state(
+        self, warn: Callable[[str], None], problem: StateProblem | None = None
+    ) -> tuple[Path, dict] | None:
+        """Newest readable training state and its file; corrupt ones are reported and skipped, and so are
+        those in which ``problem`` (the resuming trainer's check of each part) finds something it could
+        not restore.
 
         None for a run without training states. When there are some and none is readable, an error:
         starting over would silently drop the run's progress and mix a new run's best checkpoints
@@ -395,7 +403,7 @@ class CheckpointManager:
         for info in found:
             try:
                 state = load(info.path)
-                _check_training_state(info.path, state)
+                _check_training_state(info, state, problem)
                 return info.path, state
             except NMTError as e:
                 warn(f"{e}; trying an older checkpoint")
@@ -411,12 +419,15 @@ class CheckpointManager:
 TRAINING_STATE_ENTRIES = ("optimizer", "progress", "rng")
 
 
-def _check_training_state(path: Path, state: dict) -> None:
-    """Refuse a state a resume would fail on with a KeyError or AttributeError traceback (written by
-    hand or by another program: ``save`` writes them all)."""
+def _check_training_state(info: CheckpointInfo, state: dict, problem: StateProblem | None) -> None:
+    """Refuse a state a resume would fail on with a traceback, or restore wrongly (damaged, written by
+    hand or by another program: ``save`` writes every entry, each of its type and shape)."""
     for key in TRAINING_STATE_ENTRIES:
         if not isinstance(state.get(key), dict):
-            raise NMTError(f"{path}: not a training state nmt can resume (no '{key}' mapping)")
+            raise NMTError(f"{info.path}: not a training state nmt can resume (no '{key}' mapping)")
+    found = problem(info, state) if problem is not None else None
+    if found is not None:
+        raise NMTError(f"{info.path}: not a training state nmt can resume ({found})")
 
 
 def written_by_validation(progress: dict) -> bool:
@@ -459,6 +470,32 @@ def rng_state(on_cuda: bool = False) -> dict[str, Any]:
     if on_cuda:
         state["cuda"] = torch.cuda.get_rng_state_all()
     return state
+
+
+def rng_state_problem(state: dict[str, Any]) -> str | None:
+    """What in a saved random state ``set_rng_state`` could not put back, in words, or None. Each part
+    is tried on a generator of its own, so that the process's are left as they are."""
+    import random
+
+    python, cpu, gpus = state.get("python"), state.get("torch"), state.get("cuda", [])
+    try:
+        version, internal, gauss = python
+        random.Random().setstate((version, tuple(internal), gauss))
+        if gauss is not None and not isinstance(gauss, float):
+            raise TypeError("gauss")
+    except (TypeError, ValueError, OverflowError):
+        return "rng.python is not a Python random state"
+    try:
+        if not isinstance(cpu, torch.Tensor):
+            raise TypeError("torch")
+        torch.Generator().set_state(cpu)
+    except (TypeError, RuntimeError):
+        return "rng.torch is not a torch random state"
+    if not isinstance(gpus, (list, tuple)) or not all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in gpus
+    ):
+        return "rng.cuda is not a list of GPU random states"
+    return None
 
 
 def set_rng_state(state: dict[str, Any], on_cuda: bool = False) -> None:

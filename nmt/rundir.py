@@ -317,6 +317,29 @@ def file_sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+_SETTING_TYPES = (str, int, float, bool, type(None))  # what a config's model section holds
+
+
+def fingerprint_problem(recorded: object) -> str | None:
+    """What in a checkpoint's ``fingerprint`` is not of the shape ``RunDir.fingerprint`` writes (the
+    model section's settings, the SentencePiece models' digests), in words, or None. One without a
+    fingerprint (an earlier version's) is matched by the shapes of its weights alone."""
+    if recorded is None:
+        return None
+    if not isinstance(recorded, dict):
+        return "fingerprint is not a mapping"
+    model, tokenizer = recorded.get("model"), recorded.get("tokenizer")
+    if not isinstance(model, dict) or not all(
+        isinstance(key, str) and isinstance(value, _SETTING_TYPES) for key, value in model.items()
+    ):
+        return "fingerprint.model is not a mapping of the model's settings"
+    if not isinstance(tokenizer, dict) or not all(
+        isinstance(name, str) and isinstance(digest, str) for name, digest in tokenizer.items()
+    ):
+        return "fingerprint.tokenizer is not a mapping of SentencePiece models to their digests"
+    return None
+
+
 class RunDir:
     """One run directory. ``RunDir(path)`` names it; ``existing`` opens a finished or running run
     for reading; ``open_for_training`` makes the calling process its one writer."""

@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import shutil
 import signal
 from pathlib import Path
 
@@ -751,3 +752,80 @@ def test_a_resume_whose_kernels_record_cannot_be_read_says_it_chooses_again(tmp_
     err = capsys.readouterr().err
     assert "kernels.json cannot be read, or was written by another version of nmt; choosing again" in err
     assert "attention sdpa" in err
+
+
+@pytest.fixture(scope="module")
+def run_with_two_states(tmp_path_factory) -> Path:
+    """A finished run with training states at updates 3 and 6; copy it before resuming it."""
+    tmp_path = tmp_path_factory.mktemp("two-states")
+    config = tiny_config(tmp_path, max_updates=6, validate_every=3, warmup_updates=1, threads=1, attention="sdpa")
+    assert main(["train", "--config", str(config), "--set", "train.fp32_matmul=blas"]) == 0
+    return tmp_path / "run"
+
+
+def damage_state(path: Path, damage) -> None:
+    """Rewrite training state ``path`` with ``damage(state)`` applied, its checksum dropped (as by hand)."""
+    state = torch.load(path, weights_only=True)
+    damage(state)
+    torch.save(state, path)
+    path.with_name(path.name + ".sha256").unlink()
+
+
+def _set(part: str, key, value):
+    return lambda state: state[part].__setitem__(key, value)
+
+
+def _first_optimizer_state(key: str, value):
+    return lambda state: state["optimizer"]["state"][0].__setitem__(key, value)
+
+
+@pytest.mark.parametrize(
+    "damage, said",
+    [
+        (_set("optimizer", "param_groups", 5), "optimizer.param_groups is not a list of mappings"),
+        (lambda s: s["optimizer"]["param_groups"][0]["params"].pop(), "optimizer.param_groups[0].params is not a"),
+        (_first_optimizer_state("exp_avg", torch.zeros(3)), "optimizer.state[0].exp_avg is not a tensor of shape"),
+        (_set("progress", "update", "x"), "progress.update is 'x', the file is named for update 6"),
+        (_set("progress", "update", 2), "progress.update is 2, the file is named for update 6"),
+        (_set("progress", "epoch", 0), "progress.epoch is 0, not a whole number from 1 on"),
+        (_set("progress", "best_bleu", "x"), "progress.best_bleu is 'x', not a number"),
+        (_set("progress", "plan_batchings", "x"), "progress.plan_batchings is 'x', not a list of batchings"),
+        (_set("rng", "python", 5), "rng.python is not a Python random state"),
+        (_set("rng", "torch", torch.zeros(3, dtype=torch.uint8)), "rng.torch is not a torch random state"),
+        (lambda s: s.__setitem__("scaler", {"scale": "x"}), "scaler is not a loss scaler's state"),
+        (lambda s: s.__setitem__("fingerprint", [1, 2]), "fingerprint is not a mapping"),
+        (lambda s: s["fingerprint"].pop("tokenizer"), "fingerprint.tokenizer is not a mapping of SentencePiece"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before(
+    run_with_two_states, tmp_path, capsys, damage, said
+):
+    # Each ended the resume in a traceback (KeyError, TypeError, ValueError, a crash in the fused AdamW),
+    # or, for an update not the file's, trained on from the wrong update; some after half the state was restored.
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+    damage_state(run / "checkpoints" / "update_00000006.pt", damage)
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=4"]) == 0
+    log = capsys.readouterr().err
+    passed_over = f"{run / 'checkpoints' / 'update_00000006.pt'}: not a training state nmt can resume ({said}"
+    assert passed_over in log and "; trying an older checkpoint" in log
+    assert "resuming at update 3 (epoch 4, batch 0)" in log
+    assert checkpoint.load(run / "checkpoints" / "update_00000004.pt")["progress"]["update"] == 4
+
+
+def test_a_run_whose_training_states_are_all_damaged_is_refused_in_one_line(run_with_two_states, tmp_path, capsys):
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+    for update in (3, 6):
+        damage_state(run / "checkpoints" / f"update_{update:08d}.pt", _set("rng", "python", 5))
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=9"]) == 2
+    *said, line = capsys.readouterr().err.strip().splitlines()
+    warning = "(rng.python is not a Python random state); trying an older checkpoint"
+    assert len([w for w in said if w.endswith(warning)]) == 2
+    assert line == (
+        f"nmt train: error: {run / 'checkpoints'}: none of the run's 2 training-state checkpoints (update_*.pt) is "
+        "readable; restore one, or train into a new run_dir to start over"
+    )
