@@ -566,6 +566,9 @@ class RunDir:
         """Refuse, naming what differs, a checkpoint that does not belong with this run's config.yaml
         and SentencePiece model(s): it would load wrongly or fail with a size mismatch."""
         recorded = payload.get("fingerprint")
+        damaged = fingerprint_problem(recorded)
+        if damaged is not None:  # written by hand or by another program: what it says cannot be matched
+            raise NMTError(f"{path}: the checkpoint is damaged ({damaged}); use another checkpoint")
         where = f"{path}: does not match the run directory's {CONFIG} and SentencePiece model(s)"
         if recorded is not None:
             now = self.fingerprint(cfg)

@@ -829,3 +829,22 @@ def test_a_run_whose_training_states_are_all_damaged_is_refused_in_one_line(run_
         f"nmt train: error: {run / 'checkpoints'}: none of the run's 2 training-state checkpoints (update_*.pt) is "
         "readable; restore one, or train into a new run_dir to start over"
     )
+
+
+def test_a_checkpoint_with_a_damaged_fingerprint_is_refused_in_one_line(run_with_two_states, tmp_path, capsys):
+    # translate, average and export matched it against the run with a TypeError traceback
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+    damage_state(run / "checkpoints" / "update_00000006.pt", lambda s: s.__setitem__("fingerprint", [1, 2]))
+    source = str(run_with_two_states.parent / "data" / "train.de")
+    capsys.readouterr()
+    for command in (
+        ["translate", "--model", str(run), "-i", source, "--checkpoint", "update_00000006.pt"],
+        ["average", "--model", str(run), "--last", "2"],
+    ):
+        assert main(command) == 2
+        line = capsys.readouterr().err.strip().splitlines()[-1]
+        assert line == (
+            f"nmt {command[0]}: error: {run / 'checkpoints' / 'update_00000006.pt'}: the checkpoint is damaged "
+            "(fingerprint is not a mapping); use another checkpoint"
+        )
