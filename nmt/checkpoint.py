@@ -432,9 +432,14 @@ def _check_training_state(info: CheckpointInfo, state: dict, problem: StateProbl
 
 def written_by_validation(progress: dict) -> bool:
     """Whether a training state's ``progress`` was saved by the validation of its update, not by an
-    interruption between two validations. One that does not say (an earlier version's) counts as one."""
+    interruption between two validations. One that does not say (an earlier version's), or says it in
+    other than update numbers (damaged: its model may still be averaged), counts as one, as an
+    unreadable one does."""
     update = progress.get("update")
-    return progress.get("last_validated", update) == update
+    validated = progress.get("last_validated", update)
+    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (update, validated)):
+        return True
+    return validated == update
 
 
 def validation_states(directory: Path) -> list[CheckpointInfo]:

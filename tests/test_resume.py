@@ -848,3 +848,25 @@ def test_a_checkpoint_with_a_damaged_fingerprint_is_refused_in_one_line(run_with
             f"nmt {command[0]}: error: {run / 'checkpoints' / 'update_00000006.pt'}: the checkpoint is damaged "
             "(fingerprint is not a mapping); use another checkpoint"
         )
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [_set("optimizer", "param_groups", 5), _set("progress", "update", "x"), _set("rng", "python", 5)],
+    ids=["optimizer", "progress", "rng"],
+)
+def test_translate_and_average_read_only_the_model_of_a_damaged_training_state(
+    run_with_two_states, tmp_path, capsys, damage
+):
+    # A resume passes it over; its model is sound. nmt average took a damaged progress for an
+    # interruption's state and said that only 1 state written by a validation existed.
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+    damage_state(run / "checkpoints" / "update_00000006.pt", damage)
+    source = str(run_with_two_states.parent / "data" / "train.de")
+    args = ["--model", str(run), "-i", source, "-o", str(tmp_path / "out.en"), "--checkpoint", "update_00000006.pt"]
+    assert main(["translate", *args]) == 0
+    assert len((tmp_path / "out.en").read_text().splitlines()) == len(PAIRS)
+    capsys.readouterr()
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert "average of updates 3, 6: dev BLEU" in capsys.readouterr().err
