@@ -8,7 +8,7 @@ TORCH_SPEC ?= torch==2.13.0
 # otherwise. The default is ../shared/data/multi30k where that directory exists (this project's
 # machines), and empty elsewhere, so that a fresh clone downloads.
 SHARED_MULTI30K := $(abspath ../shared/data/multi30k)
-MULTI30K_DIR ?= $(if $(wildcard $(SHARED_MULTI30K)/train.de),$(SHARED_MULTI30K))
+MULTI30K_DIR ?= $(if $(wildcard $(SHARED_MULTI30K)/train.de $(SHARED_MULTI30K)/train.de.gz),$(SHARED_MULTI30K))
 export MULTI30K_DIR
 # Threads of each Multi30k training (auto: measured); `make -j2 compare THREADS=1` trains two at once,
 # one per core, as the README's Transformer-vs-LSTM table was measured.

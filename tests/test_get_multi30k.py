@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import functools
+import gzip
+import http.server
 import os
 import shutil
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -86,6 +91,68 @@ def test_offline_download_fails_with_one_clear_line(tmp_path: Path) -> None:
     assert "could not download" in res.stderr and "MULTI30K_DIR" in res.stderr
 
 
+def test_a_wrong_multi30k_dir_writes_nothing_into_out(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    (fake / "val.en").write_text("only one line\n")
+    out = tmp_path / "out"
+    res = run_script(["--out", str(out), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    assert res.returncode == 2 and str(fake / "val.en") in res.stderr
+    assert not out.exists(), "the wrong files were copied before the check"
+
+
+def test_gzipped_files_in_multi30k_dir_are_read_as_the_dataset_ships_them(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    texts = {path.name: path.read_bytes() for path in fake.iterdir()}
+    for name, data in texts.items():
+        (fake / name).unlink()
+        (fake / f"{name}.gz").write_bytes(gzip.compress(data))
+    out = tmp_path / "out"
+    res = run_script(["--out", str(out), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    assert res.returncode == 0, res.stderr
+    assert {path.name: path.read_bytes() for path in out.iterdir()} == texts
+
+
+def test_a_file_missing_in_both_forms_names_the_gzipped_one_too(tmp_path: Path) -> None:
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    (fake / "val.de").unlink()
+    res = run_script(["--out", str(tmp_path / "out"), "--langs", "de", "en", "--expect-lines", "5"], fake)
+    assert res.returncode == 2 and "lacks val.de (or val.de.gz)" in res.stderr
+
+
+class QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def served(tmp_path: Path) -> Iterator[tuple[Path, str]]:
+    """A directory and the URL of an HTTP server on this machine that serves it (a 404 for what it lacks)."""
+    root = tmp_path / "served"
+    root.mkdir()
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), functools.partial(QuietHandler, directory=str(root)))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield root, f"http://127.0.0.1:{server.server_address[1]}/"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_http_error_says_how_to_give_the_data_and_leaves_no_half_filled_out(
+    tmp_path: Path, served: tuple[Path, str]
+) -> None:
+    root, url = served
+    fake = make_fake(tmp_path / "fake", ("de", "en"), 5)
+    for lang in ("de", "en"):  # the train files only: val.de.gz is a 404
+        (root / f"train.{lang}.gz").write_bytes(gzip.compress((fake / f"train.{lang}").read_bytes()))
+    out = tmp_path / "out"
+    res = run_script(["--out", str(out), "--langs", "de", "en", "--expect-lines", "5", "--url-base", url], None)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1
+    assert "val.de.gz: HTTP 404" in res.stderr and "MULTI30K_DIR" in res.stderr
+    assert not out.exists(), "the files downloaded before the failure were left behind"
+
+
 def makefile_multi30k_dir(project: Path, env_value: str | None) -> str:
     """MULTI30K_DIR as the Makefile in ``project`` exports it to its recipes."""
     env = {k: v for k, v in os.environ.items() if k != "MULTI30K_DIR"}
@@ -114,6 +181,9 @@ def test_makefile_downloads_on_a_fresh_machine_and_copies_where_shared_data_exis
     shared = tmp_path / "shared" / "data" / "multi30k"
     shared.mkdir(parents=True)
     assert makefile_multi30k_dir(project, None) == "", "an empty directory is not the data"
+    (shared / "train.de.gz").write_bytes(gzip.compress(b"x\n"))  # as the dataset's repository has it
+    assert makefile_multi30k_dir(project, None) == str(shared)
+    (shared / "train.de.gz").unlink()
     (shared / "train.de").write_text("x\n")
     assert makefile_multi30k_dir(project, None) == str(shared)
     assert makefile_multi30k_dir(project, "/elsewhere") == "/elsewhere"
