@@ -423,7 +423,8 @@ def main() -> int:
     args = parser.parse_args()
     args.data, args.out = args.data.absolute(), args.out.absolute()
     if not args.quick and not torch.cuda.is_available():
-        print("gpu-check: error: no CUDA GPU is visible (use --quick to check the script's logic on a CPU)")
+        message = "no CUDA GPU is visible (use --quick to check the script's logic on a CPU)"
+        print(f"gpu-check: error: {message}", file=sys.stderr)
         return 2
     device = "cpu" if args.quick else "cuda"
     args.out.mkdir(parents=True, exist_ok=True)

@@ -314,3 +314,13 @@ with report.lock:  # as main() ends: the deadline's summary and exit come first
     for pid in map(int, pids.read_text().split()):
         status = Path(f"/proc/{pid}/status")
         assert not status.exists() or "State:\tZ" in status.read_text(), f"process {pid} still runs"
+
+
+def test_without_a_gpu_the_one_line_error_goes_to_stderr(tmp_path, monkeypatch, capsys):
+    """As the Makefile's gpu-check and every nmt error expect: stdout stays for results."""
+    monkeypatch.setattr(gpu_check.torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--out", str(tmp_path / "out")])
+    assert gpu_check.main() == 2
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert captured.err.startswith("gpu-check: error: no CUDA GPU is visible") and captured.err.count("\n") == 1
