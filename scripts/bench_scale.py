@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from script_args import positive_int
+
 from nmt.synthetic import write_synthetic_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -150,8 +152,8 @@ def bench_size(n: int, updates: int, workdir: Path, config: Path) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pairs", type=int, nargs="+", default=[100_000, 5_000_000])
-    parser.add_argument("--updates", type=int, default=100)
+    parser.add_argument("--pairs", type=positive_int, nargs="+", default=[100_000, 5_000_000])
+    parser.add_argument("--updates", type=positive_int, default=100)
     parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"))
     parser.add_argument("--workdir", default=str(ROOT / "runs"))
     parser.add_argument("--json", default=str(ROOT / "runs" / "bench_scale.json"))

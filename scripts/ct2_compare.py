@@ -28,6 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from script_args import positive_int  # noqa: E402
 
 from nmt import export  # noqa: E402
 from nmt.autotune import cpu_model_and_flags, usable_cpus  # noqa: E402
@@ -59,8 +60,10 @@ def main() -> int:
     parser.add_argument("--src", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.de")
     parser.add_argument("--ref", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.en")
     # Both decoders get the same threads; 2 was this one machine's cores, a literal on any other.
-    parser.add_argument("--threads", type=int, default=usable_cpus(), help="threads of both (default: the cores)")
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument(
+        "--threads", type=positive_int, default=usable_cpus(), help="threads of both (default: the cores)"
+    )
+    parser.add_argument("--repeats", type=positive_int, default=5)
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args()
     ct2 = export.import_ctranslate2()

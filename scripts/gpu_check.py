@@ -39,6 +39,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from script_args import positive_float  # noqa: E402
 
 from nmt import bench  # noqa: E402
 from nmt.config import apply_overrides, config_from_dict, read_yaml  # noqa: E402
@@ -416,7 +417,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="the same logic on a CPU with small sizes")
     parser.add_argument(
         "--max-minutes",
-        type=float,
+        type=positive_float,
         default=MAX_MINUTES,
         help=f"stop after this long, the summary printed (default {MAX_MINUTES:g})",
     )

@@ -27,6 +27,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from script_args import positive_int  # noqa: E402
+
 from nmt.openmp import limit_spinning  # noqa: E402  (plain Python: no torch)
 
 ISA_KNOBS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
@@ -94,9 +96,9 @@ def run_peer(peer: Path, updates: int) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--pairs", type=int, default=3, help="nmt/peer pairs to run (default 3)")
-    parser.add_argument("--updates", type=int, default=40, help="timed nmt updates per run (default 40)")
-    parser.add_argument("--peer-updates", type=int, default=60, help="fairseq updates per run (default 60)")
+    parser.add_argument("--pairs", type=positive_int, default=3, help="nmt/peer pairs to run (default 3)")
+    parser.add_argument("--updates", type=positive_int, default=40, help="timed nmt updates per run (default 40)")
+    parser.add_argument("--peer-updates", type=positive_int, default=60, help="fairseq updates per run (default 60)")
     parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_transformer.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
@@ -110,9 +112,6 @@ def main(argv: list[str] | None = None) -> int:
     peer = Path(args.peer)
     if not peer.is_file():
         print(f"peer_speed: no peer script at {peer} (pass --peer or set FAIRSEQ_SPEED)", file=sys.stderr)
-        return 2
-    if args.pairs < 1:
-        print("peer_speed: --pairs must be at least 1", file=sys.stderr)
         return 2
     knobs = {k: os.environ[k] for k in ISA_KNOBS if k in os.environ}
     # Set here, the spin limit nmt's CLI sets for itself reaches the peer too (a user's setting stays).

@@ -21,6 +21,7 @@ from nmt.openmp import limit_spinning  # noqa: E402
 limit_spinning()  # as the CLI does, before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
+from script_args import int_at_least, positive_int  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from nmt.bench import scratch_trainer, update_groups  # noqa: E402
@@ -32,9 +33,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--updates", type=int, default=5, help="profiled updates (default 5)")
-    parser.add_argument("--warmup", type=int, default=3, help="untimed updates first (default 3)")
-    parser.add_argument("--rows", type=int, default=30, help="table rows (default 30)")
+    parser.add_argument("--updates", type=positive_int, default=5, help="profiled updates (default 5)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed updates first (default 3)")
+    parser.add_argument("--rows", type=positive_int, default=30, help="table rows (default 30)")
     args = parser.parse_args()
 
     trainer = scratch_trainer(load_config(args.config, args.set), "profile", lambda m: print(m, file=sys.stderr))

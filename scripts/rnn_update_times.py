@@ -25,6 +25,7 @@ from nmt.openmp import limit_spinning  # noqa: E402
 OPENMP = limit_spinning()  # as the CLI does; GOMP_SPINCOUNT=300000 brings back GNU OpenMP's default
 
 import torch  # noqa: E402
+from script_args import positive_int  # noqa: E402
 
 from nmt.batching import token_batches  # noqa: E402
 from nmt.bench import scratch_trainer  # noqa: E402
@@ -55,7 +56,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--updates", type=int, default=40, help="updates to run (default 40)")
+    parser.add_argument("--updates", type=positive_int, default=40, help="updates to run (default 40)")
     args = parser.parse_args()
 
     trainer = scratch_trainer(load_config(args.config, args.set), "times", lambda m: print(m, file=sys.stderr))

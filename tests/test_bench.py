@@ -102,3 +102,37 @@ def test_scripts_end_bad_input_on_one_line(tmp_path, script, args, said):
     assert done.returncode == 2, done.stderr
     [line] = done.stderr.splitlines()
     assert line.startswith(f"{script[:-3]}: error: ") and said in line
+
+
+SEARCH = ["--base", "CONFIG", "--out", "o", "--variant", "a: train.lr_peak=1e-3"]
+
+
+@pytest.mark.parametrize(
+    "script, args",
+    [
+        ("rnn_update_times.py", ["--config", "CONFIG", "--updates", "0"]),  # trained on for ever
+        ("profile_step.py", ["--config", "CONFIG", "--updates", "0"]),  # a division by zero
+        ("profile_step.py", ["--config", "CONFIG", "--warmup", "-1"]),
+        ("ct2_compare.py", ["RUN", "--repeats", "0"]),  # statistics.median of nothing
+        ("ct2_compare.py", ["RUN", "--threads", "0"]),
+        ("peer_speed.py", ["--updates", "-5"]),
+        ("recipe_search.py", [*SEARCH, "--minutes", "1", "--parallel", "0"]),  # waited for ever
+        ("recipe_search.py", [*SEARCH, "--minutes", "0"]),
+        ("bench_scale.py", ["--pairs", "100", "0"]),
+        ("gpu_check.py", ["--quick", "--max-minutes", "-1"]),
+    ],
+)
+def test_scripts_refuse_counts_and_durations_below_their_least_on_one_line(tmp_path, script, args):
+    """A count of 0 (or below) ran for ever or ended in a traceback; argparse now refuses it, before any work."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "scripts" / script
+    args = [str(tiny_config(tmp_path)) if a == "CONFIG" else a for a in args]
+    done = subprocess.run([sys.executable, str(path), *args], capture_output=True, text=True, cwd=tmp_path, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    option, value = [a for a in args if a.startswith("--")][-1], args[-1]
+    last = done.stderr.splitlines()[-1]
+    assert f"error: argument {option}: expected " in last and last.endswith(f"got '{value}'")
+    assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
