@@ -151,7 +151,7 @@ def bench_size(n: int, updates: int, workdir: Path, config: Path) -> dict:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=positive_int, nargs="+", default=[100_000, 5_000_000])
     parser.add_argument("--updates", type=positive_int, default=100)
     parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"))

@@ -51,3 +51,9 @@ def test_start_up_figure_leaves_out_the_kernels_measurement(tmp_path: Path) -> N
     measured = bench_scale.run_measured([sys.executable, str(fake_train)], marker="epoch 1:")
     assert measured["seconds"] >= 2
     assert measured["marker_seconds"] < 1
+
+
+def test_help_states_the_whole_description() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    described = " ".join(done.stdout.split("\n\n")[1].split())
+    assert described.startswith("Data at scale:") and described.endswith("which should be about the same.")
