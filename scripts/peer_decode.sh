@@ -7,7 +7,8 @@
 # distort the timing), then times the whole translate command of each, twice, and scores both.
 #
 # usage: scripts/peer_decode.sh [UPDATES]     (default 500; about 10 + 5 minutes of training on 2 cores)
-#        the models stay, in $WORK/ckpt_decode_UPDATES and runs/peer_decode_nmt_UPDATES, for the next sitting
+#        the models stay, in $WORK/ckpt_decode_UPDATES and runs/peer_decode_nmt_UPDATES, for the next sitting;
+#        a training interrupted in an earlier sitting (its log lacks its closing line) is resumed to UPDATES
 # env:   FAIRSEQ_VENV, WORK  as in ../shared/peers/fairseq_speed.sh (run that once first)
 #        NMT                 the nmt command (default .venv/bin/nmt)
 set -euo pipefail
@@ -19,13 +20,17 @@ NMT=${NMT:-$root/.venv/bin/nmt}
 # One pair of models per update count: those trained for another count are kept, never reused for this one.
 run=$root/runs/peer_decode_nmt_$updates
 ckpt=ckpt_decode_$updates
+fairseq_log=train_decode_$updates.log
 cd "$W"
-if [ ! -f "$ckpt/checkpoint_last.pt" ]; then
+# A checkpoint alone is no finished model: an interrupted training leaves one too. Each is finished
+# when its log ends on the line its trainer closes a completed run with; any other is trained again,
+# and both trainers resume from the checkpoint in their directory. The logs are appended to.
+if ! tail -n 1 "$fairseq_log" 2>/dev/null | grep -q 'done training in'; then
   "$V/bin/fairseq-train" bin "${FAIRSEQ_RECIPE[@]}" --max-update "$updates" --save-dir "$ckpt" \
-    --no-epoch-checkpoints --disable-validation >"train_decode_$updates.log" 2>&1
+    --no-epoch-checkpoints --disable-validation >>"$fairseq_log" 2>&1
 fi
-if [ ! -f "$run/checkpoints/index.json" ]; then
-  rm -rf "$run"
+# nmt/training.py:run's closing line, after its timestamp (as scripts/recipe_search.py checks it)
+if ! tail -n 1 "$run/train.log" 2>/dev/null | grep -qE '^[0-9-]+ [0-9:]+ best dev BLEU .*; run directory '; then
   (cd "$root" && "$NMT" train --config "$root/configs/multi30k_transformer.yaml" --set run_dir="$run" \
     --set train.max_updates="$updates" --set train.max_minutes=null --set train.validate_every="$updates" \
     >/dev/null)

@@ -177,22 +177,28 @@ def _fake_decode_sitting(tmp_path: Path) -> tuple[Path, dict]:
     (work / "bin" / "dict.en.txt").write_text("")
     args = "while [ $# -gt 0 ]; do case $1 in"  # each stand-in takes the options it needs
     stand_ins = {
-        # fairseq-train ... --max-update N --save-dir DIR: a "model" holding N
+        # fairseq-train ... --max-update N --save-dir DIR: a "model" holding N, trained on from the one
+        # there (the call and that count go to $CALLS), and the line fairseq ends a finished training with
         "fairseq-train": f"{args} --max-update) n=$2;; --save-dir) d=$2;; esac; shift; done\n"
-        'mkdir -p "$d"; echo "$n" >"$d/checkpoint_last.pt"',
+        'echo "fairseq-train from $(cat "$d/checkpoint_last.pt" 2>/dev/null || echo 0)" >>"$CALLS"\n'
+        'mkdir -p "$d"; echo "$n" >"$d/checkpoint_last.pt"\n'
+        'echo "2026-01-01 00:00:00 | INFO | fairseq_cli.train | done training in 1.0 seconds"',
         "fairseq-generate": f'{args} --path) p=$2;; esac; shift; done\nprintf "D-0\\t0\\t%s\\n" "$(cat "$p")"',
         "sacrebleu": f'{args} -i) f=$2;; esac; shift; done\ncat "$f"',
         # nmt train --set run_dir=R --set train.max_updates=N, and nmt translate --model R -o OUT
         "nmt": f"cmd=$1; {args} run_dir=*) r=${{1#*=}};; train.max_updates=*) n=${{1#*=}};; --model) r=$2;;\n"
         "-o) o=$2;; esac; shift; done\n"
-        'if [ "$cmd" = train ]; then mkdir -p "$r/checkpoints"; echo "$n" >"$r/checkpoints/index.json"\n'
-        'echo "$n" >"$r/n"; else cp "$r/n" "$o"; fi',
+        'if [ "$cmd" = train ]; then echo "nmt train from $(cat "$r/n" 2>/dev/null || echo 0)" >>"$CALLS"\n'
+        'mkdir -p "$r/checkpoints"; echo "$n" >"$r/checkpoints/index.json"; echo "$n" >"$r/n"\n'
+        'echo "2026-01-01 00:00:00 best dev BLEU 1.00 at update $n; run directory $r" >>"$r/train.log"\n'
+        'else cp "$r/n" "$o"; fi',
     }
     for name, body in stand_ins.items():
         path = venv / "bin" / name
         path.write_text(f"#!/usr/bin/env bash\n{body}\n")
         path.chmod(0o755)
     env = {**os.environ, "FAIRSEQ_VENV": str(venv), "WORK": str(work), "NMT": str(venv / "bin" / "nmt")}
+    env["CALLS"] = str(tmp_path / "calls")
     return root, env
 
 
@@ -206,3 +212,25 @@ def test_peer_decode_trains_both_models_again_for_another_update_count(tmp_path)
         assert done.stdout.splitlines()[-1] == (
             f"fairseq: {updates}  nmt: {updates}  (test_2016_flickr BLEU after {updates} updates)"
         )
+
+
+def test_peer_decode_trains_on_a_model_whose_training_was_interrupted_and_keeps_a_finished_one(tmp_path):
+    """A sitting stopped mid-training leaves a checkpoint (fairseq) and an index.json (nmt): those models
+    had 174 of 500 updates and were decoded as if finished. Now only a log's closing line marks one done."""
+    root, env = _fake_decode_sitting(tmp_path)
+    work, run = Path(env["WORK"]), root / "runs" / "peer_decode_nmt_500"
+    (work / "ckpt_decode_500").mkdir()
+    (work / "ckpt_decode_500" / "checkpoint_last.pt").write_text("174\n")
+    (work / "train_decode_500.log").write_text("epoch 002 | loss 6.1 | num_updates 174\n")
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "index.json").write_text("174\n")
+    (run / "n").write_text("174\n")
+    (run / "train.log").write_text("2026-01-01 00:00:00 update 174 loss 6.1\n")
+    command = ["bash", str(root / "scripts" / "peer_decode.sh"), "500"]
+    for _ in range(2):
+        done = subprocess.run(command, capture_output=True, text=True, env=env)
+        assert done.returncode == 0, done.stderr
+        assert done.stdout.splitlines()[-1] == "fairseq: 500  nmt: 500  (test_2016_flickr BLEU after 500 updates)"
+    # resumed from the interrupted models once; the second sitting trained nothing
+    assert (tmp_path / "calls").read_text().splitlines() == ["fairseq-train from 174", "nmt train from 174"]
+    assert (work / "train_decode_500.log").read_text().startswith("epoch 002"), "the earlier log was overwritten"
