@@ -234,3 +234,14 @@ def test_peer_decode_trains_on_a_model_whose_training_was_interrupted_and_keeps_
     # resumed from the interrupted models once; the second sitting trained nothing
     assert (tmp_path / "calls").read_text().splitlines() == ["fairseq-train from 174", "nmt train from 174"]
     assert (work / "train_decode_500.log").read_text().startswith("epoch 002"), "the earlier log was overwritten"
+
+
+@pytest.mark.skipif(shutil.which("taskset") is None, reason="needs taskset")
+def test_quality_race_with_one_usable_cpu_fails_on_one_line(tmp_path):
+    """Its trainers run one per CPU, on the first two the process may use: with one, it says so at once."""
+    cpu = min(os.sched_getaffinity(0))
+    env = {**os.environ, "FAIRSEQ_VENV": str(tmp_path / "none"), "WORK": str(tmp_path / "none")}
+    command = ["taskset", "-c", str(cpu), "bash", str(ROOT / "scripts" / "quality_race.sh"), "1"]
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr == f"quality_race: needs two CPUs, one per trainer; this process may run on CPU {cpu} only\n"
