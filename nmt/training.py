@@ -24,7 +24,8 @@ from nmt.errors import NMTError, error_line
 from nmt.files import storage_error, write_error_message
 from nmt.rundir import RunDir
 from nmt.signals import SignalGuard
-from nmt.trainer import Progress, Trainer
+from nmt.trainer import Trainer
+from nmt.training_state import Progress
 
 RELEASE_EVERY = 100  # updates between two returns of the heap's free pages (Trainer.release_freed_memory)
 

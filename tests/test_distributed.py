@@ -27,7 +27,8 @@ from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
 from nmt.signals import Interrupted, SignalPending
-from nmt.trainer import Progress, Trainer, world_size_change
+from nmt.trainer import Trainer, world_size_change
+from nmt.training_state import Progress
 
 WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
 UPDATES = 6

@@ -424,7 +424,7 @@ def test_keep_best_keeps_the_best_validations_not_only_the_new_bests(tmp_path, m
 def test_a_progress_of_an_earlier_version_has_no_best_loss_yet():
     import math
 
-    from nmt.trainer import Progress
+    from nmt.training_state import Progress
 
     old = Progress.from_dict({"update": 40, "best_bleu": 12.5, "best_update": 30, "bad_validations": 1})
     assert old.best_loss == math.inf and old.best_bleu == 12.5

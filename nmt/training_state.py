@@ -1,0 +1,196 @@
+"""The training state, the thing a resume reads: what ``Trainer.save`` writes in ``update_N.pt``
+(``training_state``: the model, the optimizer, the loss scaler, ``Progress``, the random generators,
+the run's fingerprint), and the checks that a saved one can be restored (``resume_problem``).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import MISSING, asdict, dataclass, field, fields
+
+import torch
+
+from nmt import checkpoint
+from nmt.rundir import fingerprint_problem
+
+
+@dataclass
+class Progress:
+    """Everything about where training stands, saved in every checkpoint."""
+
+    update: int = 0
+    epoch: int = 1
+    batch_in_epoch: int = 0  # batches of this epoch already consumed
+    epoch_batches: int = 0  # batches in this epoch's plan (0: not known, a checkpoint of an earlier version)
+    best_bleu: float = -1.0
+    best_update: int = 0
+    best_loss: float = math.inf  # dev loss of the best validation: breaks BLEU ties (inf: an earlier version's)
+    bad_validations: int = 0  # validations since the last new best (early stopping)
+    nonfinite_in_row: int = 0  # against train.max_nonfinite; fp16 overflows are not counted here
+    skipped_updates: int = 0  # non-finite updates and fp16 overflows, over the whole run
+    elapsed_seconds: float = 0.0  # wall time of training and validation over all sessions of the run
+    trg_tokens: int = 0
+    last_validated: int = -1
+    world_size: int = 0  # processes (torchrun ranks) training it (0: not known, a checkpoint of an earlier version)
+    update_batches: int = 0  # batches of the plan per update: train.accumulate x world_size (0: not known)
+    # How the plan of epoch ``plan_epoch`` was made: [first batch, max_tokens, seed] for each batching it
+    # had, from batch 0 on; a resume with other settings batches the pairs not yet trained on again.
+    plan_epoch: int = 0  # 0: no plan yet (or a checkpoint of an earlier version)
+    plan_batchings: list = field(default_factory=list)
+    plan_data: str = ""  # digest of the training pairs' lengths, all a plan depends on besides the above
+
+    @property
+    def update_epoch(self) -> int:
+        """The epoch the last update's batches came from: ``epoch`` has moved on once they ended one."""
+        return self.epoch - 1 if self.batch_in_epoch == 0 and self.update > 0 else self.epoch
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Progress:
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+
+# The lowest value of Progress's whole-number fields that do not count from 0.
+_PROGRESS_LOWEST = {"epoch": 1, "last_validated": -1}
+
+
+def _whole(value: object, lowest: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= lowest
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+
+
+def progress_problem(saved: dict, update: int) -> str | None:
+    """What in the ``progress`` of training state ``update_N.pt`` (``update`` its N) is not of the type
+    and range ``Trainer.save`` writes, in words, or None. A field it lacks (a checkpoint of an earlier
+    version) takes its default; the update is always there, and is the one the file is named for."""
+    if not _whole(saved.get("update"), 0) or saved["update"] != update:
+        return f"progress.update is {saved.get('update')!r}, the file is named for update {update}"
+    for f in fields(Progress):
+        if f.name not in saved:
+            continue
+        value, default = saved[f.name], f.default_factory() if f.default is MISSING else f.default
+        said = f"progress.{f.name} is {value!r}"
+        if isinstance(default, int) and not _whole(value, lowest := _PROGRESS_LOWEST.get(f.name, 0)):
+            return f"{said}, not a whole number from {lowest} on"
+        if isinstance(default, float) and not _number(value):
+            return f"{said}, not a number"
+        if isinstance(default, str) and not isinstance(value, str):
+            return f"{said}, not a string"
+    elapsed = saved.get("elapsed_seconds", 0.0)
+    if not (math.isfinite(elapsed) and elapsed >= 0):  # train.max_minutes and time-based schedules read it
+        return f"progress.elapsed_seconds is {elapsed!r}, not a time"
+    return _plan_problem(saved.get("plan_batchings", []), saved.get("plan_epoch", 0))
+
+
+def _plan_problem(batchings: object, plan_epoch: int) -> str | None:
+    """``Progress.plan_batchings``: [first batch, max_tokens, seed] for each batching of the plan of
+    epoch ``plan_epoch``, the first from batch 0; none only before the first plan (plan_epoch 0)."""
+    said = f"progress.plan_batchings is {batchings!r}"
+    if not isinstance(batchings, list):
+        return f"{said}, not a list of batchings"
+    if not batchings and plan_epoch != 0:
+        return f"{said}, with a plan for epoch {plan_epoch}"
+    for batching in batchings:
+        if not (isinstance(batching, list) and len(batching) == 3 and all(_whole(v, 0) for v in batching)):
+            return f"{said}, not a list of [first batch, max_tokens, seed]"
+        if batching[1] < 1:
+            return f"{said}: max_tokens {batching[1]}"
+    return None
+
+
+def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> str | None:
+    """What in a saved ``optimizer.state_dict()`` ``optimizer`` (the model's, as built) could not take
+    as its own, in words, or None: param_groups of its parameters' count, settings of its kinds, and a
+    state per parameter of its shape. torch checks only the counts as it loads; a state of another
+    shape failed at the first update, or corrupted memory in the fused kernel."""
+    groups, state = saved.get("param_groups"), saved.get("state")
+    if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
+        return "optimizer.param_groups is not a list of mappings"
+    if not isinstance(state, dict):
+        return "optimizer.state is not a mapping"
+    if len(groups) != len(optimizer.param_groups):
+        return f"optimizer.param_groups has {len(groups)} groups, not {len(optimizer.param_groups)}"
+    shapes: dict[int, torch.Size] = {}
+    for i, (group, own) in enumerate(zip(groups, optimizer.param_groups)):
+        ids = group.get("params")
+        if not isinstance(ids, list) or not all(_whole(n, 0) for n in ids) or len(ids) != len(own["params"]):
+            return f"optimizer.param_groups[{i}].params is not a list of the model's {len(own['params'])} parameters"
+        shapes.update(zip(ids, (param.shape for param in own["params"])))
+        for key, value in own.items():
+            if key != "params" and key in group and not _same_kind(group[key], value):
+                return f"optimizer.param_groups[{i}].{key} is {group[key]!r}, not like {value!r}"
+    if len(shapes) != sum(len(group["params"]) for group in groups):
+        return "optimizer.param_groups name a parameter twice"
+    for n, entry in state.items():
+        if n not in shapes or not isinstance(entry, dict):
+            return f"optimizer.state has an entry {n!r} for no parameter of the model"
+        for name, tensor in entry.items():
+            if name == "step" and _number(tensor):  # torch before 1.12 counted steps in a number
+                continue
+            wanted = torch.Size([]) if name == "step" else shapes[n]
+            if not isinstance(tensor, torch.Tensor) or tensor.shape != wanted:
+                return f"optimizer.state[{n}].{name} is not a tensor of shape {list(wanted)}"
+    return None
+
+
+def _same_kind(saved: object, own: object) -> bool:
+    """Whether a saved param-group setting is of the kind of the optimizer's own: a flag (True, False or
+    None: unset, as torch versions leave some), a number, or a tuple of as many numbers (betas)."""
+    if own is None or isinstance(own, bool):
+        return saved is None or isinstance(saved, bool)
+    if isinstance(own, (int, float)):
+        return _number(saved)
+    if isinstance(own, (tuple, list)):
+        return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(_number, saved))
+    return True
+
+
+# What GradScaler.state_dict() holds where it is enabled (fp16), each a number; {} where it is not.
+_SCALER_ENTRIES = ("scale", "growth_factor", "backoff_factor", "growth_interval", "_growth_tracker")
+
+
+def scaler_state_problem(saved: object) -> str | None:
+    """What in a saved loss scaler's state (``Trainer.save``'s, {} where it had none) is not of the kind
+    written, in words, or None."""
+    if saved is None or saved == {}:
+        return None
+    if not isinstance(saved, dict) or not all(_number(saved.get(key)) for key in _SCALER_ENTRIES):
+        return "scaler is not a loss scaler's state"
+    if not (math.isfinite(saved["scale"]) and saved["scale"] > 0):
+        return f"scaler.scale is {saved['scale']!r}, not a positive number"
+    return None
+
+
+def training_state(
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer,
+    scaler: torch.amp.GradScaler,
+    progress: Progress,
+    on_cuda: bool,
+    fingerprint: dict,
+) -> dict:
+    """The whole training state, as ``Trainer.save`` writes it; ``resume_problem`` checks each part."""
+    return {
+        "model": model.state_dict(),
+        "optimizer": optimizer.state_dict(),
+        "scaler": scaler.state_dict() if scaler.is_enabled() else {},
+        "progress": asdict(progress),
+        "rng": checkpoint.rng_state(on_cuda),
+        "fingerprint": fingerprint,
+    }
+
+
+def resume_problem(info: checkpoint.CheckpointInfo, state: dict, optimizer: torch.optim.Optimizer) -> str | None:
+    """What in training state ``state`` (file ``info``) a resume could not restore into ``optimizer``
+    (the model's, as built) and the rest, or None: every part is checked before any is restored, so
+    that a damaged state is passed over whole and the trainer never goes on half restored from it."""
+    return (
+        fingerprint_problem(state.get("fingerprint"))
+        or progress_problem(state["progress"], info.update)
+        or checkpoint.rng_state_problem(state["rng"])
+        or optimizer_state_problem(state["optimizer"], optimizer)
+        or scaler_state_problem(state.get("scaler"))
+    )
