@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import time
+import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -209,6 +210,19 @@ def check_compile(cfg: Config) -> None:
             "config key 'train.compile': not for model.type 'rnn' (torch.compile fails on its decoder's "
             "step loop, or takes minutes per batch shape); set train.compile: false"
         )
+
+
+def drop_failed_work(error: BaseException) -> None:
+    """Free what the work that raised ``error`` still holds: its traceback keeps each finished frame's
+    locals, the batch's activations among them, so a checkpoint written after running out of memory
+    ran out as well. The traceback still prints; only the values are gone. The errors it was raised
+    while handling hold frames too."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__
 
 
 class Trainer:
@@ -553,6 +567,7 @@ class Trainer:
         try:
             batches, sums = self._gradients(mine, weight, n_tokens)
         except Exception as e:  # nothing of this update is in the weights, the optimizer or the position yet
+            drop_failed_work(e)
             self._save_before_failed_update(e, rng)
             raise
         self.scaler.unscale_(self.optimizer)
@@ -621,7 +636,9 @@ class Trainer:
             checkpoint.set_rng_state(rng, self.device.type == "cuda")
         try:
             self.save()
-        except (NMTError, OSError) as e:  # a full disk: the update's own error stays the one reported
+        # A full disk, or no memory for the write either (torch.save then ends in a RuntimeError of its
+        # own): the update's own error stays the one reported, with its advice.
+        except Exception as e:
             self.log_end(f"update {p.update + 1} failed ({error_line(error)}); its state not written: {e}")
             return
         self.log(f"update {p.update + 1} failed ({error_line(error)}); {self._saved()}")
@@ -726,6 +743,7 @@ class Trainer:
             )
             bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg, step)
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
+            drop_failed_work(e)
             self.save()
             self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise

@@ -5,6 +5,7 @@ import os
 import re
 import shutil
 import signal
+import weakref
 from pathlib import Path
 
 import pytest
@@ -459,13 +460,14 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypat
     )
 
 
-def out_of_memory_at(monkeypatch, update: int, batch: int) -> None:
-    """The ``batch``-th batch (from 1) of update ``update`` runs out of memory as torch's CPU allocator does."""
+def out_of_memory_at(monkeypatch, update: int, batch: int, action=None) -> None:
+    """The ``batch``-th batch (from 1) of update ``update`` runs out of memory as torch's CPU allocator
+    does (or as ``action(compute_loss)`` makes it)."""
 
     def fail(compute_loss):
         raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
 
-    at_batch(monkeypatch, update, batch, fail)
+    at_batch(monkeypatch, update, batch, action or fail)
 
 
 def test_an_update_that_runs_out_of_memory_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
@@ -501,14 +503,20 @@ def test_an_update_that_runs_out_of_memory_keeps_the_updates_before_it(tmp_path,
         assert torch.equal(tensor, weights_b[name]), name
 
 
-def test_an_update_out_of_memory_whose_state_cannot_be_written_still_says_out_of_memory(tmp_path, monkeypatch, capsys):
-    # A disk full as well: the advice to lower train.max_tokens is what the user needs, not lost to the write's error
+@pytest.mark.parametrize("write_fails", ["disk full", "out of memory"])
+def test_an_update_out_of_memory_whose_state_cannot_be_written_still_says_out_of_memory(
+    tmp_path, monkeypatch, capsys, write_fails
+):
+    # A disk full as well, or no memory left for the write (torch.save then fails with a RuntimeError
+    # of its own): the advice to lower train.max_tokens is what the user needs, not lost to the write's error
     config = tiny_config(tmp_path, max_updates=8, validate_every=3, max_tokens=40, accumulate=2, warmup_updates=1)
     real_save = Trainer.save
 
     def save(self):
-        if self.progress.update == 4:
+        if self.progress.update == 4 and write_fails == "disk full":
             raise checkpoint.CheckpointNotWritten(Path("update_00000004.pt"), "No space left on device", True)
+        if self.progress.update == 4:
+            raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4888896 vs 3840272")
         real_save(self)
 
     monkeypatch.setattr(Trainer, "save", save)
@@ -519,6 +527,34 @@ def test_an_update_out_of_memory_whose_state_cannot_be_written_still_says_out_of
     log = (tmp_path / "run" / "train.log").read_text()
     assert "update 5 failed (RuntimeError: DefaultCPUAllocator" in log and "its state not written" in log
     assert final_weights(tmp_path / "run")[0] == 3  # the validation's state stays
+
+
+def test_an_update_out_of_memory_frees_its_tensors_before_its_state_is_written(tmp_path, monkeypatch, capsys):
+    # The error's traceback holds the failed update's frames, and with them its activations: the write
+    # of the state, made while they were held, ran out of memory too and the state was lost.
+    config = tiny_config(tmp_path, max_updates=8, validate_every=3, max_tokens=40, accumulate=2, warmup_updates=1)
+    held = []
+
+    def fail(compute_loss):
+        activations = compute_loss()  # as the batch's forward pass left them when it ran out
+        held.append(weakref.ref(activations[0]))
+        raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
+
+    freed_at_save = []
+    real_save = Trainer.save
+
+    def save(self):
+        if self.progress.update == 4:
+            freed_at_save.append(held[0]() is None)
+        real_save(self)
+
+    monkeypatch.setattr(Trainer, "save", save)
+    out_of_memory_at(monkeypatch, update=5, batch=2, action=fail)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "nmt train: error: out of memory" in err and "Traceback" not in err
+    assert freed_at_save == [True]
+    assert final_weights(tmp_path / "run")[0] == 4
 
 
 def test_a_trainer_outside_the_training_loop_writes_no_checkpoint_for_a_failed_update(tmp_path, monkeypatch):
