@@ -337,12 +337,19 @@ MEMORY_OPTIONS = {
 }
 
 
+# oneDNN's whole message where it cannot make a kernel it has chosen: it then has no memory for the kernel's
+# code or scratch space (found no implementation is "could not create a primitive descriptor ...").
+ONEDNN_NO_MEMORY = "could not create a primitive"
+
+
 def out_of_memory(error: BaseException) -> bool:
-    """MemoryError, torch's OutOfMemoryError (CUDA), or the RuntimeError of torch's CPU allocator."""
+    """MemoryError, torch's OutOfMemoryError (CUDA), or the RuntimeError of torch's CPU allocator or oneDNN."""
     if isinstance(error, MemoryError) or type(error).__name__ == "OutOfMemoryError":
         return True
     message = str(error).lower()
-    return isinstance(error, RuntimeError) and ("out of memory" in message or "can't allocate memory" in message)
+    return isinstance(error, RuntimeError) and (
+        "out of memory" in message or "can't allocate memory" in message or message.strip() == ONEDNN_NO_MEMORY
+    )
 
 
 def out_of_memory_message(command: str, error: BaseException) -> str:

@@ -629,6 +629,8 @@ def _allocation_failure():
         ("translate", None, "out of memory (tried to allocate 39999999999600 bytes): try a smaller --batch-tokens"),
         ("eval-bleu", MemoryError(), "out of memory: try a smaller --batch-tokens or --beam-size"),
         ("train", "CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has", "(tried to allocate 2.00 GiB): try a"),
+        # oneDNN's on a CPU with no memory left for a kernel (a d_model 512 model under ulimit -v 2000000)
+        ("train", RuntimeError("could not create a primitive"), "out of memory: try a smaller train.max_tokens"),
     ],
 )
 def test_out_of_memory_is_a_one_line_error_naming_what_to_lower(
@@ -725,14 +727,17 @@ def test_a_sentencepiece_older_than_its_floor_is_refused_in_one_line(monkeypatch
     )
 
 
-def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path):
+@pytest.mark.parametrize(
+    "message", ["shape mismatch", "could not create a primitive descriptor for a matmul primitive"]
+)
+def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path, message):
     from nmt import commands
 
     def fail(args):
-        raise RuntimeError("shape mismatch")
+        raise RuntimeError(message)
 
     monkeypatch.setattr(commands, "cmd_translate", fail)
-    with pytest.raises(RuntimeError, match="shape mismatch"):
+    with pytest.raises(RuntimeError, match=re.escape(message)):
         main(["translate", "--model", str(tmp_path)])
 
 
