@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import multiprocessing
+import multiprocessing.pool
 import os
 import pickle
 import re
@@ -239,6 +240,21 @@ def _how_it_ended(exitcode: int | None) -> str:
     return f"exit status {exitcode}"
 
 
+class _Pool(multiprocessing.pool.Pool):
+    """A pool whose ``terminate()`` ends while its task thread is still sending a chunk."""
+
+    @staticmethod
+    def _help_stuff_finish(inqueue, task_handler, size) -> None:
+        """Read and drop what the task thread writes into the workers' pipe until that thread ends.
+        The stdlib's version stops once the pipe is empty, kills the workers, then waits for the
+        thread; a chunk is megabytes, more than a pipe holds, and a thread still pickling one as the
+        pipe was emptied waits for ever to write it where no worker reads (a Ctrl-C that hung)."""
+        inqueue._rlock.acquire()  # held from here on, as the stdlib's: no worker takes another task
+        while task_handler.is_alive():
+            if inqueue._reader.poll(0.05):
+                inqueue._reader.recv_bytes()
+
+
 def _shut_down(pool: multiprocessing.pool.Pool) -> None:
     try:
         pool.terminate()
@@ -297,7 +313,7 @@ def binarize(
         if parallel:
             before = {c.pid for c in multiprocessing.active_children()}
             with _stop_signals_blocked():
-                pool = multiprocessing.get_context("spawn").Pool(workers, initializer=_worker_init)
+                pool = _Pool(workers, initializer=_worker_init, context=multiprocessing.get_context("spawn"))
             pool_workers = [c for c in multiprocessing.active_children() if c.pid not in before]
         with _writing(directory):  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
             for index, (src, trg) in enumerate(chain(head, stream)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import json
+import multiprocessing
 import os
 import random
 import resource
@@ -463,6 +464,28 @@ def _finished(proc: subprocess.Popen) -> str:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         raise AssertionError("still running 60 s later") from None
+
+
+class _SlowToSend:
+    """A task argument that takes a second to pickle, then is more than a pipe holds: the pool's task
+    thread is still pickling it as the pool is stopped, and writes it after the pipe was last read."""
+
+    def __reduce__(self):
+        time.sleep(1.0)
+        return bytes, (bytes(1 << 20),)
+
+
+def test_stopping_the_pool_while_a_large_chunk_is_on_its_way_to_the_workers_does_not_hang():
+    """Ctrl-C while 100,000-pair chunks (megabytes each) go to busy workers: the pool's own terminate()
+    empties their pipe once, then waits for ever on a task thread that wrote one more chunk into it."""
+    pool = bz._Pool(1, initializer=bz._worker_init, context=multiprocessing.get_context("spawn"))
+    pool.apply_async(time.sleep, (60,))  # the worker is busy encoding
+    pool.apply_async(len, (_SlowToSend(),))
+    time.sleep(0.3)  # the pool's task thread is pickling the next chunk
+    stopping = threading.Thread(target=bz._shut_down, args=(pool,), daemon=True)
+    stopping.start()
+    stopping.join(20)
+    assert not stopping.is_alive(), "the pool never stopped"
 
 
 def test_waiting_for_a_shard_lets_a_signal_another_thread_took_interrupt_it():
