@@ -14,12 +14,12 @@ from pathlib import Path
 
 import torch
 
-from nmt import autotune
 from nmt.config import Config
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, check_output
+from nmt.machine import machine, machine_name
 from nmt.models.linear import onednn_available, onednn_mm
 
 
@@ -192,12 +192,12 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
     from nmt.translate import Translator, load_translator
 
     device, precision = trainer.device, trainer.precision
-    info = autotune.machine(device)
+    info = machine(device)
     report: dict = {
         "config": cfg.name,
         "device": str(device),
         "machine": info,
-        "machine_name": autotune.machine_name(info),
+        "machine_name": machine_name(info),
         "cpu_threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "precision": precision.name,

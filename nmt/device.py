@@ -1,5 +1,5 @@
 """Where and in which precision the model runs: device choice, what can run there, autocast,
-gradient scaling. Which of the runnable precisions is *fastest* is measured, in ``nmt.autotune``.
+gradient scaling. Which of the runnable precisions is *fastest* is measured, in ``nmt.kernel_timing``.
 
 Every rule here is a plain function of its inputs (device type, capability flags), so the
 CUDA-only branches are exercised by tests on a CPU machine.
@@ -152,7 +152,7 @@ def cpu_has_bf16() -> bool:
     """True when oneDNN has bf16 kernels here: native (AVX512-BF16, AMX) or emulated on AVX-512.
 
     Emulated kernels run several times slower than fp32, so this says what can run, not what is
-    fast; ``nmt.autotune`` measures that. Without AVX-512 (AVX2 only) this is False and a bf16
+    fast; ``nmt.kernel_timing`` measures that. Without AVX-512 (AVX2 only) this is False and a bf16
     matmul falls back to a reference loop about 100x slower than fp32.
     """
     try:

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.autotune import usable_cpus
 from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index, remove_shards
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
@@ -33,6 +32,7 @@ from nmt.corpus import (
 )
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
+from nmt.machine import usable_cpus
 from nmt.rundir import RunDir, config_differences
 from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 

@@ -39,7 +39,9 @@ from nmt.device import (
 )
 from nmt.errors import NMTError, SharedError, error_line
 from nmt.files import atomic_write_bytes, naming
+from nmt.kernel_choice import Choice, Request
 from nmt.loss import teacher_forced_loss
+from nmt.machine import usable_cpus
 from nmt.metrics import MetricsLog
 from nmt.model_memory import check_training_fits
 from nmt.models import build_model
@@ -400,7 +402,7 @@ class Trainer:
         capacity = size_onednn_cache(shapes, self.world.local_world_size)
         self.log(f"oneDNN kernel cache: {capacity} kernels ({chosen_by}batch shapes in an epoch: {shapes})")
 
-    def _choose_kernels(self, vocab_size: int, resume: bool) -> autotune.Choice:
+    def _choose_kernels(self, vocab_size: int, resume: bool) -> Choice:
         """Precision, attention kernel and threads: the config's, or measured where it says auto.
         Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores.
         A run that resumes from a training state keeps the choice it started with (``kernels.json``);
@@ -409,12 +411,12 @@ class Trainer:
         cfg, world = self.cfg, self.world
         world_threads = None
         if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
-            world_threads = max(1, autotune.usable_cpus() // world.local_world_size)
+            world_threads = max(1, usable_cpus() // world.local_world_size)
 
-        def measure() -> autotune.Choice | None:
+        def measure() -> Choice | None:
             if not world.is_main:
                 return None
-            request, t, d = autotune.Request.from_train(cfg.train), cfg.train, cfg.data
+            request, t, d = Request.from_train(cfg.train), cfg.train, cfg.data
             has_trained = bool(checkpoint.list_checkpoints(self.run.checkpoint_dir, "update"))
             return autotune.choose(
                 request,

@@ -23,6 +23,7 @@ from nmt.device import (
     select_device,
 )
 from nmt.errors import NMTError
+from nmt.kernel_choice import Request
 from nmt.model_memory import check_weights_fit, size_keys
 from nmt.models import build_model
 from nmt.models.base import Seq2Seq
@@ -63,7 +64,7 @@ def truncation_warning(line_numbers: list[int], max_src: int) -> str:
 @dataclass
 class Translator:
     """A model with its tokenizers, ready to translate text. It decodes with its own attention kernel
-    and fp32 product library (``autotune.Choice.decoding``: measured on decoding steps, where they may
+    and fp32 product library (``kernel_choice.Choice.decoding``: measured on decoding steps, where they may
     differ from training's), and gives the model back as it found it (the trainer validates with
     the model it trains)."""
 
@@ -263,7 +264,7 @@ def load_translator(
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)
     model.load_state_dict(payload["model"])
-    request = autotune.Request.from_train(cfg.train, "auto" if unusable else precision_name)
+    request = Request.from_train(cfg.train, "auto" if unusable else precision_name)
     # The run's own choice where it holds one for this machine: validation decoded in it.
     choice = autotune.choose(
         request,

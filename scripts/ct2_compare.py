@@ -31,10 +31,10 @@ import torch  # noqa: E402
 from script_args import positive_int  # noqa: E402
 
 from nmt import export  # noqa: E402
-from nmt.autotune import cpu_model_and_flags, usable_cpus  # noqa: E402
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
+from nmt.machine import cpu_model_and_flags, usable_cpus  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402
 from nmt.scoring import corpus_scores  # noqa: E402
 from nmt.translate import load_translator  # noqa: E402

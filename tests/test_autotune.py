@@ -15,9 +15,10 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nmt import autotune
-from nmt.autotune import MARGIN, Request, decide, pick
+from nmt import autotune, kernel_timing, machine
 from nmt.cli import main
+from nmt.kernel_choice import NO_KERNEL, Choice, Request
+from nmt.kernel_timing import MARGIN, decide, pick
 from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 
@@ -98,11 +99,11 @@ def test_decoding_gets_its_own_measured_kernel_and_library(monkeypatch, decoding
     if not autotune.onednn_available():
         pytest.skip("this torch build has no oneDNN")
     ran: list[str] = []
-    threads = str(autotune.usable_cpus())
+    threads = str(machine.usable_cpus())
     table = {**TRAINING_TIMES, threads: 50.0, **decoding}
-    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
-    shape = autotune.tuning_shape(SMALL, 50, 4096, 100, "cpu")
-    choice = autotune.measure(Request(precision="fp32"), shape, CPU)
+    monkeypatch.setattr(kernel_timing, "race", _race_from_table(table, ran))
+    shape = kernel_timing.tuning_shape(SMALL, 50, 4096, 100, "cpu")
+    choice = kernel_timing.measure(Request(precision="fp32"), shape, CPU)
     assert (choice.precision, choice.attention, choice.fp32_matmul) == ("fp32", "sdpa", "blas")
     assert choice.decoding() == expected
     assert choice.timings["decoding"] == decoding
@@ -114,13 +115,13 @@ def test_decoding_gets_its_own_measured_kernel_and_library(monkeypatch, decoding
 def test_decoding_in_bf16_measures_the_kernel_only(monkeypatch):
     """The library serves only fp32 products: in bf16 the decoding candidates are the kernels."""
     ran: list[str] = []
-    threads = str(autotune.usable_cpus())
+    threads = str(machine.usable_cpus())
     table = {**TRAINING_TIMES, "bf16/sdpa": 30.0, "bf16/explicit": 20.0, threads: 20.0, "sdpa": 10.0, "explicit": 12.0}
-    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
-    monkeypatch.setattr(autotune, "bf16_available", lambda device: True)
-    monkeypatch.setattr(autotune, "precision_candidates", lambda device_type, bf16: ["fp32", "bf16"])
-    shape = autotune.tuning_shape(SMALL, 50, 4096, 100, "cpu")
-    choice = autotune.measure(Request(), shape, CPU)
+    monkeypatch.setattr(kernel_timing, "race", _race_from_table(table, ran))
+    monkeypatch.setattr(kernel_timing, "bf16_available", lambda device: True)
+    monkeypatch.setattr(kernel_timing, "precision_candidates", lambda device_type, bf16: ["fp32", "bf16"])
+    shape = kernel_timing.tuning_shape(SMALL, 50, 4096, 100, "cpu")
+    choice = kernel_timing.measure(Request(), shape, CPU)
     assert (choice.precision, choice.attention) == ("bf16", "explicit")
     assert choice.timings["decoding"] == {"sdpa": 10.0, "explicit": 12.0}
     assert choice.decoding()[0] == "sdpa"  # 17% faster in decoding steps
@@ -137,14 +138,14 @@ def counted(monkeypatch):
     def fake(request, shape, device, world_threads=None):
         calls.append(request)
         timings = {"precision/attention": {"fp32/explicit": 1.0}}
-        threads = autotune.usable_cpus()
-        return autotune.Choice("fp32", "explicit", threads, timings, "measured", "x", decode_fp32_matmul="onednn")
+        threads = machine.usable_cpus()
+        return Choice("fp32", "explicit", threads, timings, "measured", "x", decode_fp32_matmul="onednn")
 
     monkeypatch.setattr(autotune, "measure", fake)
     return calls
 
 
-def _choose(cache: Path, request: Request | None = None, log=None) -> autotune.Choice:
+def _choose(cache: Path, request: Request | None = None, log=None) -> Choice:
     return autotune.choose(request or Request(), SMALL, 50, 4096, 100, CPU, log or (lambda m: None), cache=cache)
 
 
@@ -153,7 +154,7 @@ def test_second_run_pays_nothing(tmp_path, counted):
     second = _choose(tmp_path)
     assert len(counted) == 1
     assert first.source == "measured" and second.source == "cached"
-    assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", autotune.usable_cpus())
+    assert (second.precision, second.attention, second.threads) == ("fp32", "explicit", machine.usable_cpus())
     assert second.decoding() == ("explicit", "onednn")  # the decoding choice is cached with the rest
     assert "cached" in second.describe() and "fp32/explicit 1.0" in second.describe()
 
@@ -174,8 +175,8 @@ def test_another_torch_or_another_cpu_flag_is_measured_again(tmp_path, counted, 
     _choose(tmp_path)
     monkeypatch.setattr(torch, "__version__", "99.0.0")
     _choose(tmp_path)
-    model, identity, flags = autotune.cpu_model_and_flags()
-    monkeypatch.setattr(autotune, "cpu_model_and_flags", lambda: (model, identity, [*flags, "zz_new_flag"]))
+    model, identity, flags = machine.cpu_model_and_flags()
+    monkeypatch.setattr(machine, "cpu_model_and_flags", lambda: (model, identity, [*flags, "zz_new_flag"]))
     _choose(tmp_path)
     assert len(counted) == 3
     _choose(tmp_path)  # nothing changed since: cached
@@ -192,13 +193,13 @@ def test_a_resumed_run_keeps_the_kernels_it_started_with(tmp_path, monkeypatch):
     def measure(request, shape, device, world_threads=None):
         precision, attention, library = next(picks)
         timings = {"precision/attention": {f"{precision}/{attention}": 1.0}}
-        return autotune.Choice(precision, attention, 1, timings, "measured", "x", cpu_use=0.3, fp32_matmul=library)
+        return Choice(precision, attention, 1, timings, "measured", "x", cpu_use=0.3, fp32_matmul=library)
 
     monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setattr(autotune, "bf16_available", lambda device: True)
     record, lines = tmp_path / "run" / "kernels.json", []
 
-    def choose(cache: str) -> autotune.Choice:
+    def choose(cache: str) -> Choice:
         log = lines.append
         return autotune.choose(Request(), SMALL, 50, 4096, 100, CPU, log, cache=tmp_path / cache, run_record=record)
 
@@ -257,7 +258,7 @@ def test_a_choice_another_process_cached_while_this_one_measured_is_kept(tmp_pat
     def measure(request, shape, device, world_threads=None):
         if request != other:  # while this run measures, the other caches its choice
             _choose(tmp_path, other)
-        return autotune.Choice("fp32", "sdpa", 1, {"threads": {"1": 1.0}}, "measured", "x")
+        return Choice("fp32", "sdpa", 1, {"threads": {"1": 1.0}}, "measured", "x")
 
     monkeypatch.setattr(autotune, "measure", measure)
     _choose(tmp_path)
@@ -292,10 +293,10 @@ def test_a_cached_entry_that_cannot_run_here_is_measured_again_and_rewritten(tmp
 
 def test_threads_the_request_names_are_cached_even_beyond_the_cpus(tmp_path, monkeypatch):
     """threads: 64 on a smaller machine is the user's choice, not an entry to measure again each run."""
-    many = autotune.usable_cpus() * 4
+    many = machine.usable_cpus() * 4
 
     def measure(request, shape, device, world_threads=None):
-        return autotune.Choice("fp32", "sdpa", int(request.threads), {"x": {"y": 1.0}}, "measured", "x")
+        return Choice("fp32", "sdpa", int(request.threads), {"x": {"y": 1.0}}, "measured", "x")
 
     monkeypatch.setattr(autotune, "measure", measure)
     assert _choose(tmp_path, Request(threads=many)).source == "measured"
@@ -339,22 +340,22 @@ CPU part\t: 0xd0c
 
 
 def test_cpuinfo_gives_the_first_processors_name_identity_and_flags():
-    model, identity, flags = autotune.parse_cpuinfo(INTEL_VM)
+    model, identity, flags = machine.parse_cpuinfo(INTEL_VM)
     assert model == "Intel(R) Xeon(R) Processor"  # not the numeric "model" field
     assert identity == "GenuineIntel family 6 model 167 stepping 1"
     assert flags == sorted(["fpu", "sse2", "avx2", "fma", "avx512f", "avx512_bf16", "amx_bf16"])
-    assert autotune.parse_cpuinfo(ARM) == ("", "", ["asimd", "crc32", "evtstrm", "fp"])
-    assert autotune.parse_cpuinfo("") == ("", "", [])
+    assert machine.parse_cpuinfo(ARM) == ("", "", ["asimd", "crc32", "evtstrm", "fp"])
+    assert machine.parse_cpuinfo("") == ("", "", [])
 
 
 def test_machine_name_shows_the_identity_where_there_is_one():
     info = {"cpu": "Intel(R) Xeon(R) Processor", "cpu_id": "GenuineIntel family 6 model 167 stepping 1"}
     info |= {"notable_flags": ["avx2", "amx_bf16"], "cpus": 2, "isa_env": {"ONEDNN_MAX_CPU_ISA": "AVX2"}}
-    assert autotune.machine_name(info) == (
+    assert machine.machine_name(info) == (
         "Intel(R) Xeon(R) Processor (GenuineIntel family 6 model 167 stepping 1) [avx2 amx_bf16], 2 CPUs, "
         "ONEDNN_MAX_CPU_ISA=AVX2"
     )
-    assert autotune.machine_name(info | {"cpu_id": ""}).startswith("Intel(R) Xeon(R) Processor [avx2")
+    assert machine.machine_name(info | {"cpu_id": ""}).startswith("Intel(R) Xeon(R) Processor [avx2")
 
 
 # ---------------------------------------------------------------------------- real measurements
@@ -363,7 +364,7 @@ X86 = platform.machine().lower() in ("x86_64", "amd64")
 
 
 def _cpu_flags() -> set[str]:
-    return set(autotune.cpu_model_and_flags()[2])
+    return set(machine.cpu_model_and_flags()[2])
 
 
 HAS_AVX512 = {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= _cpu_flags()
@@ -375,7 +376,8 @@ AVX2 = {"ONEDNN_MAX_CPU_ISA": "AVX2", "ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE
 # Runs in a fresh process, because oneDNN and ATen read the ISA limits once, at start-up.
 PROBE = """
 import json, time, torch
-from nmt import autotune
+from nmt import kernel_timing
+from nmt.kernel_choice import Request
 from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.device import cpu_has_bf16
@@ -390,8 +392,8 @@ def gflops(dtype, n=512, seconds=0.3):
     return 2 * n**3 * calls / (time.perf_counter() - start) / 1e9
 
 model = TransformerConfig(d_model=256, ff_size=1024, heads=4, norm="pre")  # the Multi30k benchmark's shapes
-shape = autotune.tuning_shape(model, 8000, 4096, 128, "cpu")
-choice = autotune.measure(autotune.Request(threads=2), shape, torch.device("cpu"))
+shape = kernel_timing.tuning_shape(model, 8000, 4096, 128, "cpu")
+choice = kernel_timing.measure(Request(threads=2), shape, torch.device("cpu"))
 bf16 = cpu_has_bf16()
 print(json.dumps({"choice": choice.to_dict(), "bf16_kernels": bf16,
                   "fp32_gflops": gflops(torch.float32), "bf16_gflops": gflops(torch.bfloat16) if bf16 else None}))
@@ -513,12 +515,12 @@ def test_the_lstm_has_no_attention_kernel_to_measure_or_name(tmp_path, monkeypat
     """The RNN's attention is its own products: auto measures no kernel for it, and neither the log
     nor the cache names one, whether measured or named by the config."""
     ran: list[str] = []
-    cpus = autotune.usable_cpus()
+    cpus = machine.usable_cpus()
     table = {"blas": 60.0, "onednn": 59.0, "fp32": 50.0, str(max(1, cpus // 2)): 90.0, str(cpus): 50.0}
-    monkeypatch.setattr(autotune, "race", _race_from_table(table, ran))
+    monkeypatch.setattr(kernel_timing, "race", _race_from_table(table, ran))
     choose = autotune.choose
     measured = choose(Request("fp32"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
-    assert measured.attention == autotune.NO_KERNEL and "fp32/" not in " ".join(ran)
+    assert measured.attention == NO_KERNEL and "fp32/" not in " ".join(ran)
     assert "precision" in measured.timings and "precision/attention" not in measured.timings
     cached = choose(Request("fp32"), LSTM, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
     assert cached.source == "cached"
@@ -574,7 +576,7 @@ def test_a_measurement_on_shared_cores_is_used_but_not_cached(tmp_path, monkeypa
 
     def fake(request, shape, device, world_threads=None):
         calls.append(request)
-        return autotune.Choice("fp32", "sdpa", 1, {"threads": {"2": 90.0, "1": 60.0}}, "measured", "x", use)
+        return Choice("fp32", "sdpa", 1, {"threads": {"2": 90.0, "1": 60.0}}, "measured", "x", use)
 
     monkeypatch.setattr(autotune, "measure", fake)
     messages = []
@@ -587,9 +589,9 @@ def test_a_measurement_on_shared_cores_is_used_but_not_cached(tmp_path, monkeypa
 
 
 def test_cpu_use_is_cpu_time_over_wall_time_and_threads():
-    assert autotune.cpu_use([(1.0, 2.0), (1.0, 1.8)], threads=2) == pytest.approx(0.95)
-    assert autotune.cpu_use([(2.0, 2.4)], threads=2) == pytest.approx(0.6)
-    assert autotune.cpu_use([], threads=2) == 1.0
+    assert kernel_timing.cpu_use([(1.0, 2.0), (1.0, 1.8)], threads=2) == pytest.approx(0.95)
+    assert kernel_timing.cpu_use([(2.0, 2.4)], threads=2) == pytest.approx(0.6)
+    assert kernel_timing.cpu_use([], threads=2) == 1.0
 
 
 def test_validation_decodes_with_the_decoding_choice_and_training_keeps_its_own(tmp_path, monkeypatch):
@@ -606,7 +608,7 @@ def test_validation_decodes_with_the_decoding_choice_and_training_keeps_its_own(
 
     def fake(request, shape, device, world_threads=None):
         timings = {"decoding": {"blas/sdpa": 2.0, "onednn/explicit": 1.0}}
-        return autotune.Choice("fp32", "sdpa", 1, timings, "measured", "x", None, "blas", "explicit", "onednn")
+        return Choice("fp32", "sdpa", 1, timings, "measured", "x", None, "blas", "explicit", "onednn")
 
     monkeypatch.setattr(autotune, "measure", fake)
     seen: dict[str, set] = {"decode": set(), "train": set()}
@@ -647,7 +649,7 @@ def test_translate_decodes_in_the_runs_own_choice_and_never_writes_its_record(tm
     def measure(request, shape, device, world_threads=None):
         attention = next(picks)
         timings = {"attention": {attention: 1.0}}
-        return autotune.Choice("fp32", attention, 1, timings, "measured", "x", 0.2, "blas")  # busy: not cached
+        return Choice("fp32", attention, 1, timings, "measured", "x", 0.2, "blas")  # busy: not cached
 
     monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))

@@ -26,11 +26,11 @@ from conftest import PAIRS, cache_hub_dataset, tiny_config, write_corpus
 
 from nmt import binarize as bz
 from nmt import testhooks
-from nmt.autotune import usable_cpus
 from nmt.batching import token_batches
 from nmt.config import Config, load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
 from nmt.errors import NMTError
+from nmt.machine import usable_cpus
 from nmt.prepare import prepare
 from nmt.rundir import RunDir
 from nmt.tokenizer import Tokenizer

@@ -77,12 +77,14 @@ def test_a_run_trained_in_a_precision_this_device_lacks_decodes_in_auto_with_one
     import shutil
 
     import nmt.autotune
+    import nmt.kernel_timing
     import nmt.translate
 
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # bf16 "missing" must not meet a cached bf16
     if precision == "bf16":
         monkeypatch.setattr(nmt.translate, "bf16_available", lambda device: False)
         monkeypatch.setattr(nmt.autotune, "bf16_available", lambda device: False)
+        monkeypatch.setattr(nmt.kernel_timing, "bf16_available", lambda device: False)
     run = tmp_path / "run"
     shutil.copytree(trained_run / "run", run)
     config = yaml.safe_load((run / "config.yaml").read_text())

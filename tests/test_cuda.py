@@ -13,6 +13,8 @@ from conftest import tiny_config
 from nmt import autotune
 from nmt.cli import main
 from nmt.device import cuda_has_bf16
+from nmt.kernel_choice import Request
+from nmt.kernel_timing import decide
 from nmt.loss import fp32_block_rows, label_smoothed_nll
 from nmt.models.transformer import Transformer, TransformerConfig
 from nmt.search import beam_search, greedy_search, max_output_lengths
@@ -137,10 +139,10 @@ def test_fp16_grad_scaler_on_gpu_skips_an_overflowing_step():
 
 def test_autotune_on_gpu_picks_a_half_precision_where_tensor_cores_exist(tmp_path):
     model = TransformerConfig(d_model=512, ff_size=2048, heads=8, norm="pre")
-    choice = autotune.choose(autotune.Request(), model, 8000, 16384, 128, GPU, print, cache=tmp_path)
+    choice = autotune.choose(Request(), model, 8000, 16384, 128, GPU, print, cache=tmp_path)
     grid = choice.timings["precision/attention"]
     precisions = list(dict.fromkeys(k.split("/")[0] for k in grid))
-    assert (choice.precision, choice.attention) == autotune.decide(grid, precisions, ["sdpa", "explicit"])
+    assert (choice.precision, choice.attention) == decide(grid, precisions, ["sdpa", "explicit"])
     assert choice.threads is None
     if cuda_has_bf16():
         assert choice.precision in ("bf16", "fp16")

@@ -12,11 +12,11 @@ import torch
 import torch.nn.functional as F
 from conftest import PAIRS, padded_training_batch, tiny_config
 
-from nmt import autotune
-from nmt.autotune import Request
+from nmt import autotune, kernel_timing
 from nmt.cli import main
 from nmt.device import Precision
 from nmt.errors import NMTError
+from nmt.kernel_choice import NO_KERNEL, Choice, Request
 from nmt.loss import projected_label_smoothed_nll, projection_block_rows, teacher_forced_loss
 from nmt.models import build_model, linear
 from nmt.models.linear import Linear, onednn_affine, onednn_available, onednn_mm, onednn_rows_product
@@ -212,15 +212,13 @@ def counted(monkeypatch):
 
     def fake(request, shape, device, world_threads=None):
         calls.append(request)
-        return autotune.Choice(
-            "fp32", "sdpa", 1, {"fp32 matmul": {"blas": 2.0, "onednn": 1.0}}, "measured", "x", None, "onednn"
-        )
+        return Choice("fp32", "sdpa", 1, {"fp32 matmul": {"blas": 2.0, "onednn": 1.0}}, "measured", "x", None, "onednn")
 
     monkeypatch.setattr(autotune, "measure", fake)
     return calls
 
 
-def _choose(tmp_path, request: Request, model=SMALL) -> autotune.Choice:
+def _choose(tmp_path, request: Request, model=SMALL) -> Choice:
     return autotune.choose(request, model, 50, 4096, 100, CPU, lambda m: None, cache=tmp_path)
 
 
@@ -256,11 +254,11 @@ def test_a_cached_entry_with_an_unknown_library_is_measured_again(tmp_path, coun
 def test_the_measurement_times_both_libraries_and_keeps_the_faster(monkeypatch):
     """The real measurement: both libraries are timed on fp32 steps, and the choice follows the
     figures by ``pick``'s rule (the BLAS unless oneDNN is MARGIN faster)."""
-    shape = autotune.tuning_shape(SMALL, 50, 256, 16, "cpu")
-    choice = autotune.measure(Request("fp32", "sdpa", 1, "auto"), shape, CPU)
+    shape = kernel_timing.tuning_shape(SMALL, 50, 256, 16, "cpu")
+    choice = kernel_timing.measure(Request("fp32", "sdpa", 1, "auto"), shape, CPU)
     options = choice.timings["fp32 matmul"]
     assert set(options) == {"blas", "onednn"} and all(ms > 0 for ms in options.values())
-    assert choice.fp32_matmul == autotune.pick(options, "blas")
+    assert choice.fp32_matmul == kernel_timing.pick(options, "blas")
     assert f"fp32 matmul {choice.fp32_matmul}," in choice.describe()
 
 
@@ -269,11 +267,11 @@ def test_decoding_is_measured_with_both_libraries_for_the_lstm_too():
     """The real decoding measurement on the LSTM baseline (no attention choice: its library only):
     its steps run with each library and the choice follows ``pick``'s rule from training's library."""
     rnn = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=1)
-    shape = autotune.tuning_shape(rnn, 50, 256, 16, "cpu")
-    choice = autotune.measure(Request("fp32", "auto", 1, "auto"), shape, CPU)
+    shape = kernel_timing.tuning_shape(rnn, 50, 256, 16, "cpu")
+    choice = kernel_timing.measure(Request("fp32", "auto", 1, "auto"), shape, CPU)
     decoding = choice.timings["decoding"]
     assert set(decoding) == {"blas", "onednn"} and all(ms > 0 for ms in decoding.values())
-    assert choice.decoding() == (autotune.NO_KERNEL, autotune.pick(decoding, choice.fp32_matmul))
+    assert choice.decoding() == (NO_KERNEL, kernel_timing.pick(decoding, choice.fp32_matmul))
 
 
 def test_an_unknown_library_is_a_one_line_error(tmp_path, capsys):
@@ -288,11 +286,12 @@ def test_onednn_on_a_gpu_or_without_onednn_is_refused_by_name(monkeypatch):
     autotune.check_fp32_matmul("blas", "cuda")
     with pytest.raises(NMTError, match="train.fp32_matmul.*CPU library"):
         autotune.check_fp32_matmul("onednn", "cuda")
-    monkeypatch.setattr(autotune, "onednn_available", lambda: False)
+    monkeypatch.setattr(autotune, "onednn_available", lambda: False)  # for check_fp32_matmul
+    monkeypatch.setattr(kernel_timing, "onednn_available", lambda: False)  # for measures_fp32_matmul
     autotune.check_fp32_matmul("auto", "cpu")
     with pytest.raises(NMTError, match="train.fp32_matmul.*cannot send products to oneDNN"):
         autotune.check_fp32_matmul("onednn", "cpu")
-    assert not autotune.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "cpu")
+    assert not kernel_timing.measures_fp32_matmul(Request("fp32", "sdpa", 1, "auto"), "cpu")
 
 
 def test_a_compiled_layer_leaves_its_products_to_the_compiler():

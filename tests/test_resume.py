@@ -717,12 +717,13 @@ def test_a_resumed_run_computes_in_the_kernels_it_started_with(tmp_path, monkeyp
     """Under auto, a resume does not measure again: a measurement on busy cores (not cached) or a
     cleared cache could choose another attention kernel or product library, which round otherwise."""
     from nmt import autotune
+    from nmt.kernel_choice import Choice
 
     picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
 
     def measure(request, shape, device, world_threads=None):
         attention, library = next(picks)
-        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+        return Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
 
     monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))  # not the session's: this shape may be cached there
@@ -742,12 +743,13 @@ def test_a_first_start_that_failed_before_its_first_state_chooses_again(tmp_path
     (the config may even have changed, as it may before a first checkpoint) and says no resumed run
     changes kernels."""
     from nmt import autotune, trainer
+    from nmt.kernel_choice import Choice
 
     picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
 
     def measure(request, shape, device, world_threads=None):
         attention, library = next(picks)
-        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+        return Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
 
     def fail(*args, **kwargs):  # after the choice was recorded, before any training state
         raise NMTError("the first start failed")
@@ -771,12 +773,13 @@ def test_a_resume_whose_kernels_record_cannot_be_read_says_it_chooses_again(tmp_
     """A kernels.json damaged, or written by another version of nmt, is no choice to keep: the
     resume says so, as for a record of another machine, rather than change kernels in silence."""
     from nmt import autotune
+    from nmt.kernel_choice import Choice
 
     picks = iter([("explicit", "blas"), ("sdpa", "onednn")])
 
     def measure(request, shape, device, world_threads=None):
         attention, library = next(picks)
-        return autotune.Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
+        return Choice("fp32", attention, 1, {"attention": {attention: 1.0}}, "measured", "x", 0.2, library)
 
     monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))

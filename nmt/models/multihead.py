@@ -4,7 +4,7 @@
     MultiHead(x) = Concat(head_1, ..., head_h) W_O,  head_i = Attention(x W_Q_i, x W_K_i, x W_V_i)
 
 computed through ``F.scaled_dot_product_attention`` or the explicit formula, whichever was measured
-faster for the device and precision (see ``attention`` and nmt/autotune.py). Masks are boolean and
+faster for the device and precision (see ``attention`` and nmt/kernel_timing.py). Masks are boolean and
 True where attention is allowed, as SDPA expects; the only masks are key-padding masks over the
 source (every source row has a real key: its EOS) and the causal mask of the decoder, so no softmax
 row is ever fully masked and padding never yields NaN.
@@ -137,7 +137,7 @@ def attention(
     ``kernel`` "sdpa" is PyTorch's fused ``scaled_dot_product_attention``; "explicit" is the
     formula itself, two batched matmuls and a softmax in fp32. Which is faster depends on the
     device and the precision (on one AMX CPU: SDPA 1.7x faster in fp32, 5.6x slower in bf16, for
-    training at NMT's short lengths), so ``auto`` measures it (nmt/autotune.py).
+    training at NMT's short lengths), so ``auto`` measures it (nmt/kernel_timing.py).
     """
     if kernel == "sdpa":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=causal)
