@@ -31,13 +31,12 @@ from nmt.config import (
     Config,
     CorpusConfig,
     DecodeConfig,
-    apply_overrides,
     check_case_folding_scoring,
     config_to_dict,
     config_yaml,
     load_config,
-    read_yaml,
 )
+from nmt.config_sources import apply_overrides, read_yaml
 from nmt.corpus import local_corpus_gone, plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary

@@ -42,7 +42,8 @@ import torch  # noqa: E402
 from script_args import positive_float  # noqa: E402
 
 from nmt import bench  # noqa: E402
-from nmt.config import apply_overrides, config_from_dict, read_yaml  # noqa: E402
+from nmt.config import config_from_dict  # noqa: E402
+from nmt.config_sources import apply_overrides, read_yaml  # noqa: E402
 from nmt.device import cpu_has_bf16  # noqa: E402
 from nmt.errors import NMTError, error_line  # noqa: E402
 from nmt.rundir import RunDir  # noqa: E402

@@ -10,7 +10,8 @@ import pytest
 
 from nmt.batching import make_batch
 from nmt.cli import main
-from nmt.config import Config, apply_overrides, check_case_folding_scoring, config_from_dict, config_yaml, load_config
+from nmt.config import Config, check_case_folding_scoring, config_from_dict, config_yaml, load_config
+from nmt.config_sources import apply_overrides
 from nmt.corpus import filter_by_length
 from nmt.errors import NMTError
 from nmt.models import RNNConfig, TransformerConfig, build_model
