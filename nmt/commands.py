@@ -20,7 +20,7 @@ def log(message: str) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from nmt import distributed
     from nmt.config import load_config
-    from nmt.rundir import check_saved_corpora
+    from nmt.run_config import check_saved_corpora
     from nmt.training import train
 
     with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
@@ -35,7 +35,8 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
     from nmt.config import load_config
     from nmt.prepare import prepare
-    from nmt.rundir import RunDir, check_saved_corpora
+    from nmt.run_config import check_saved_corpora
+    from nmt.rundir import RunDir
 
     cfg = load_config(args.config, args.set)
     check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)

@@ -33,7 +33,8 @@ from nmt.corpus import (
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.machine import usable_cpus
-from nmt.rundir import RunDir, config_differences
+from nmt.run_config import config_differences
+from nmt.rundir import RunDir
 from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 
 

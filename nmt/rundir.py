@@ -1,5 +1,6 @@
-"""The run directory: its layout, who may write what in it, the training lock, and the checks that
-its config, tokenizer and checkpoints belong together.
+"""The run directory: its layout, who may write what in it, and the checks that its config, tokenizer
+and checkpoints belong together. The lock is ``nmt.runlock``; whether a config fits the run (a
+resume, the saved corpora, the tuned decoding) is ``nmt.run_config``.
 
     RUN_DIR/
       config.yaml                 the run's resolved config (every default filled in)
@@ -18,298 +19,39 @@ open a run with ``RunDir.existing`` and only read.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import shlex
-import socket
-import time
 from collections.abc import Callable
-from dataclasses import replace
 from pathlib import Path
 
 from nmt.config import (
     Config,
     CorpusConfig,
     DecodeConfig,
-    check_case_folding_scoring,
     config_to_dict,
     config_yaml,
     load_config,
 )
-from nmt.config_sources import apply_overrides, read_yaml
-from nmt.corpus import local_corpus_gone, plain_paths
+from nmt.corpus import plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE, validations_trained_on
-from nmt.synthetic import META_FILE, corpus_directory
+from nmt.run_config import (
+    CONFIG_HEADER,
+    check_new_run_scoring,
+    check_resumable,
+    check_saved_corpora,
+    kept_tuned_decode,
+    tuned_checkpoint,
+    written_by_nmt,
+)
+from nmt.runlock import RunLock
 from nmt.tensorboard import TENSORBOARD_DIR
 from nmt.tokenizer import record_path
 
 CONFIG = "config.yaml"
 _CHOICES = ("auto", "best", "last", "average")  # the checkpoints --checkpoint names by role
 _PICK_ATTEMPTS = 10  # a trainer deletes one file per validation: more in one pick is no race
-_HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
-
-# Sections whose change makes a checkpoint unusable; everything else may change on resume.
-_FROZEN_SECTIONS = ("model", "tokenizer")
-_FROZEN_DATA_KEYS = ("src_lang", "trg_lang")
-# What dev BLEU is measured with: the best checkpoints (keep_best, the averaged model's standing) and the
-# patience count compare every validation's score, and scores measured two ways do not compare.
-_DEV_SCORE_KEYS = (
-    ("decode", "bleu_tokenize"),
-    ("decode", "bleu_lowercase"),
-    ("train", "validate_beam_size"),
-    ("train", "validate_max_sentences"),
-)
-
-
-class RunLock:
-    """An advisory lock on ``path`` (flock): held while the process lives, released by the kernel
-    when it dies, however it dies, so a stale lock never blocks a resume. On a shared file system
-    (NFS) Linux maps flock to the server's byte-range locks, so it excludes other machines too.
-    The file names the holder (command, host and pid) for the error a second writer gets."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self._fd: int | None = None
-
-    def acquire(self, run_dir: Path, warn: Callable[[str], None], command: str = "train") -> None:
-        try:
-            import fcntl
-        except ImportError:  # not POSIX
-            warn(f"{run_dir}: cannot lock the run directory on this system; do not train it twice at once")
-            return
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as e:
-            raise NMTError(
-                f"{self.path}: cannot open the run's lock file ({e.strerror}); "
-                "this command writes into the run directory and needs write access to it"
-            ) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder, who = _holder_note(os.pread(fd, 512, 0))
-            os.close(fd)
-            doing = "training" if holder == "nmt train" else "writing"
-            raise NMTError(
-                f"{run_dir}: another '{holder}' is {doing} this run ({who}); "
-                "wait for it to finish or stop it, or use another run_dir"
-            ) from None
-        except OSError as e:  # a file system without locks
-            os.close(fd)
-            warn(f"{run_dir}: cannot lock the run directory ({e.strerror}); do not train it twice at once")
-            return
-        self._fd = fd
-        # The command on a line of its own: an earlier version's note is the second line alone.
-        holder = f"nmt {command}\nhost {socket.gethostname()}, pid {os.getpid()}, since {time.strftime('%F %T')}\n"
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, holder.encode(), 0)
-        except OSError:  # a full disk: the lock holds without the note (the command then says what it cannot write)
-            pass
-
-    def holder(self) -> str | None:
-        """Who holds the lock now (as its file names them), or None where no process does; takes nothing."""
-        try:
-            import fcntl
-
-            fd = os.open(self.path, os.O_RDONLY)
-        except (ImportError, OSError):  # not POSIX, or never locked
-            return None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)  # released as the file closes
-        except BlockingIOError:
-            holder, who = _holder_note(os.pread(fd, 512, 0))
-            return f"'{holder}', {who}"
-        except OSError:  # a file system without locks
-            return None
-        finally:
-            os.close(fd)
-        return None
-
-    def release(self) -> None:
-        """Unlock; the file stays (removing it would let two processes lock different files)."""
-        if self._fd is not None:
-            try:
-                os.ftruncate(self._fd, 0)
-            except OSError:  # a read-only remount: the holder's note stays, the lock goes
-                pass
-            os.close(self._fd)  # closing releases the flock
-            self._fd = None
-
-
-def config_differences(old: Config, new: Config, sections: tuple[str, ...], data_keys: tuple[str, ...]) -> list[str]:
-    """'section.key: old -> new' for every key of ``sections`` and ``data.<data_keys>`` that differs."""
-    a, b = config_to_dict(old), config_to_dict(new)
-    diffs = []
-    for section in sections:
-        for key in sorted(set(a[section]) | set(b[section])):
-            if a[section].get(key) != b[section].get(key):
-                diffs.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
-    for key in data_keys:
-        if a["data"][key] != b["data"][key]:
-            diffs.append(f"data.{key}: {a['data'][key]!r} -> {b['data'][key]!r}")
-    return diffs
-
-
-def check_resumable(old: Config, new: Config) -> None:
-    """Refuse a config whose model or vocabulary differs from the one the run was trained with, or
-    that measures dev BLEU otherwise than the validations the run has ranked."""
-    diffs = config_differences(old, new, _FROZEN_SECTIONS, _FROZEN_DATA_KEYS)
-    if diffs:
-        raise NMTError(
-            "cannot resume: the config changed what the checkpoint was trained with ("
-            + "; ".join(diffs)
-            + "); use a new run_dir"
-        )
-    a, b = config_to_dict(old), config_to_dict(new)
-    scoring = [
-        f"{section}.{key}: {a[section][key]!r} -> {b[section][key]!r}"
-        for section, key in _DEV_SCORE_KEYS
-        if a[section][key] != b[section][key]
-    ]
-    if scoring:
-        raise NMTError(
-            "cannot resume: the config changed how dev BLEU is measured ("
-            + "; ".join(scoring)
-            + "), and the run's best checkpoints and patience count rank scores measured the old way: "
-            "resume with the old value, or use a new run_dir"
-        )
-
-
-def _check_new_run_scoring(cfg: Config, config_file: Path | None) -> None:
-    """``check_case_folding_scoring`` for a run that has ranked no scores yet, naming the config file."""
-    try:
-        check_case_folding_scoring(cfg)
-    except NMTError as e:
-        if config_file is None:
-            raise
-        raise NMTError(f"{config_file}: {e}") from None
-
-
-def check_saved_corpora(
-    cfg: Config, config_file: Path, splits: tuple[str, ...], fix: str = "", overrides: list[str] | None = None
-) -> None:
-    """Refuse, saying how to give their new place, the corpora of ``splits`` that a run's saved
-    config.yaml (``config_file``) names by absolute path where nothing is now: the project was
-    moved, or copied to another machine. ``fix`` is the command to give it to (empty: the one run now,
-    whose ``--set`` may be added). A corpus path among the command line's ``overrides`` is the
-    user's own, as is any other config's missing corpus: for the reader to report.
-
-    With data.synthetic the corpus is written into data.train's directory before it is read: there
-    only where that directory holds its meta.json (a generation to complete), else it would be
-    written again at a place the user no longer works in (the project moved)."""
-    if not _written_by_nmt(config_file):
-        return
-    try:
-        saved = read_yaml(config_file).get("data")
-    except NMTError:
-        return
-    if not isinstance(saved, dict):
-        return
-    d = cfg.data
-    given = apply_overrides({}, overrides or [])
-    gone = []
-    for split in ("train", "dev", "test"):
-        spec: CorpusConfig | None = getattr(d, split)
-        path_key = f"data.{split}.path"
-        if spec is None or any(path_key == key or path_key.startswith(key + ".") for key in given):
-            continue  # given on the command line (itself, or within a section given whole)
-        named_there = isinstance(saved.get(split), dict) and saved[split].get("path") == spec.path
-        if named_there and local_corpus_gone(spec, d.src_lang, d.trg_lang) and not _synthetic_under_way(cfg, spec):
-            gone.append(split)
-    needed = [split for split in gone if split in splits]
-    if not needed:
-        return
-    sets = " ".join(f"--set data.{s}.path=NEW_DIR/{Path(getattr(d, s).path).name}" for s in gone)
-    where = f"with '{fix} {sets}'" if fix else f"with {sets}"
-    missing = (
-        f"{config_file}: config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}, "
-        "which this run's saved config names by absolute path"
-    )
-    if d.synthetic:
-        raise NMTError(
-            f"{missing}, and data.synthetic writes it only where a config or --set names it anew: give the "
-            f"synthetic corpus's new place, or where to write it, {where}"
-        )
-    raise NMTError(f"{missing}: if the data moved, give its new place {where}")
-
-
-def _synthetic_under_way(cfg: Config, spec: CorpusConfig) -> bool:
-    """Whether data.synthetic completes ``spec`` where it is: it lies in the corpus directory, which
-    holds the meta.json a generation cut off midway leaves."""
-    if not cfg.data.synthetic:
-        return False
-    directory = corpus_directory(cfg.data.train.path)
-    return Path(spec.path).parent == directory and (directory / META_FILE).is_file()
-
-
-def _tune_report(report: Path) -> dict | None:
-    """A tune_decode.json as written, or None where there is none (or none readable)."""
-    try:
-        tuned = json.loads(report.read_text())
-    except (OSError, ValueError):  # never tuned
-        return None
-    return tuned if isinstance(tuned, dict) else None
-
-
-def tuned_decode_report(report: Path) -> tuple[dict, dict] | None:
-    """The "chosen" and "before" decoding of a tune_decode.json, or None where there is none."""
-    return _chosen_and_before(_tune_report(report) or {})
-
-
-def _chosen_and_before(tuned: dict) -> tuple[dict, dict] | None:
-    try:
-        chosen, before = dict(tuned["chosen"]), dict(tuned["before"])
-    except (KeyError, TypeError, ValueError):  # never tuned, or by a version without "before"
-        return None
-    if not all(key in pair for pair in (chosen, before) for key in ("beam_size", "length_penalty")):
-        return None
-    return chosen, before
-
-
-def tuned_checkpoint(report: Path) -> tuple[dict, str, str | None] | None:
-    """The "chosen" pair of a tune_decode.json, the checkpoint it was tuned with and that file's
-    SHA-256 as tuning found it; None where the report names no checkpoint (never tuned, or by an
-    earlier version)."""
-    recorded = _tune_report(report) or {}
-    tuned, name, digest = _chosen_and_before(recorded), recorded.get("checkpoint"), recorded.get("checkpoint_sha256")
-    if tuned is None or not isinstance(name, str):
-        return None
-    return tuned[0], name, digest if isinstance(digest, str) else None
-
-
-def kept_tuned_decode(new: Config, saved: Config, report: Path, log: Callable[[str], None]) -> Config:
-    """``new``, but with the beam size and length penalty 'nmt tune-decode' chose (its ``report``,
-    tune_decode.json) where ``new`` only repeats the values they replaced: resuming with the config
-    the run started from keeps the tuned decoding. A value of its own replaces them, with a warning, and so
-    does a ``decode.nbest`` above the tuned beam (that pair would be an invalid config)."""
-    tuned = tuned_decode_report(report)
-    if tuned is None:
-        return new
-    chosen, before = tuned
-    keys = ("beam_size", "length_penalty")
-    now = {k: getattr(new.decode, k) for k in keys}
-    in_force = {k: getattr(saved.decode, k) for k in keys}
-    if in_force != {k: chosen[k] for k in keys} or now == in_force:
-        return new
-    if now == {k: before[k] for k in keys}:
-        if new.decode.nbest > in_force["beam_size"]:  # the tuned beam cannot give this config's n-best lists
-            log(
-                f"warning: keeping the config's decode beam {now['beam_size']}, length penalty "
-                f"{now['length_penalty']}, not what 'nmt tune-decode' chose ({in_force['beam_size']}, "
-                f"{in_force['length_penalty']}): its decode.nbest {new.decode.nbest} is more than that beam"
-            )
-            return new
-        tuned_text = f"beam {chosen['beam_size']}, length penalty {chosen['length_penalty']}"
-        log(f"decode: keeping {tuned_text} ('nmt tune-decode')")
-        return replace(new, decode=replace(new.decode, **in_force))
-    log(
-        f"warning: the config's decode beam {now['beam_size']}, length penalty {now['length_penalty']} replaces "
-        f"what 'nmt tune-decode' chose ({in_force['beam_size']}, {in_force['length_penalty']}); run it again to re-tune"
-    )
-    return new
 
 
 def file_sha256(path: Path) -> str:
@@ -608,7 +350,7 @@ class RunDir:
         what that replaced (``kept_tuned_decode``).
         """
         if config_file is not None and _real(config_file.absolute().parent) == _real(self.path):
-            if not _written_by_nmt(config_file):
+            if not written_by_nmt(config_file):
                 raise NMTError(
                     f"{config_file}: run_dir is this config file's own directory; 'nmt train' writes the run's "
                     f"files there ({CONFIG} among them) and never rewrites a config you wrote: "
@@ -623,7 +365,7 @@ class RunDir:
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
         if not (self.config_path.exists() and self.has_checkpoints()):  # a resume: check_resumable below
-            _check_new_run_scoring(cfg, config_file)
+            check_new_run_scoring(cfg, config_file)
         self.check_apart_from_corpora(cfg)
         self.check_apart_from_other_runs()
         try:
@@ -634,7 +376,7 @@ class RunDir:
             raise NMTError(f"{self.path}: run directory is not writable")
         self.lock(log, command)
         if self.config_path.exists():
-            if not _written_by_nmt(self.config_path) and not self._is_earlier_run():
+            if not written_by_nmt(self.config_path) and not self._is_earlier_run():
                 raise NMTError(
                     f"{self.config_path}: exists and was not written by 'nmt train'; move it or choose another run_dir"
                 )
@@ -727,7 +469,7 @@ class RunDir:
 
     def write_config(self, cfg: Config) -> None:
         """The resolved config, with ``run_dir: .`` (the directory it lies in): the run can move."""
-        text = config_yaml(cfg, run_dir=".", header=_HEADER)
+        text = config_yaml(cfg, run_dir=".", header=CONFIG_HEADER)
         atomic_write_bytes(self.config_path, text.encode("utf-8"))
 
     def writer(self) -> str | None:
@@ -743,23 +485,6 @@ class RunDir:
         return self.checkpoint_dir.is_dir() or self.metrics_path.exists()
 
 
-def _holder_note(note: bytes) -> tuple[str, str]:
-    """The command holding a run's lock and who runs it (host, pid, since), as its note in
-    train.lock names them; a note without the command (an earlier version's) was a trainer's."""
-    lines = note.decode("utf-8", "replace").strip().splitlines()
-    if len(lines) >= 2 and lines[0].startswith("nmt "):
-        return lines[0], lines[1]
-    return "nmt train", (lines[0] if lines else "") or "another process"
-
-
 def _real(path: Path) -> Path:
     """``path`` with every symlink resolved: the same file however it is reached."""
     return Path(os.path.realpath(path))
-
-
-def _written_by_nmt(path: Path) -> bool:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.readline() == _HEADER
-    except (OSError, UnicodeDecodeError):
-        return False

@@ -19,7 +19,8 @@ from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig, check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
-from nmt.rundir import RunDir, tuned_decode_report
+from nmt.run_config import tuned_decode_report
+from nmt.rundir import RunDir
 from nmt.scoring import bleu_only
 
 

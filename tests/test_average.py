@@ -16,7 +16,7 @@ from nmt.average import average_weights
 from nmt.cli import main
 from nmt.config import config_from_dict
 from nmt.errors import NMTError
-from nmt.rundir import RunLock
+from nmt.runlock import RunLock
 
 
 def test_average_weights_is_the_elementwise_mean():

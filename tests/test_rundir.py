@@ -756,7 +756,7 @@ def test_a_closed_standard_stream_is_a_one_line_error(trained, fd, said):
 
 def test_the_lock_holds_where_the_disk_has_no_room_for_the_holders_note(tmp_path):
     from nmt.errors import NMTError
-    from nmt.rundir import RunLock
+    from nmt.runlock import RunLock
 
     path = tmp_path / "train.lock"
     path.symlink_to("/dev/full")  # every write refused, as on a full disk

@@ -11,7 +11,8 @@ from nmt import checkpoint
 from nmt.cli import main
 from nmt.config import DecodeConfig, load_config
 from nmt.errors import NMTError
-from nmt.rundir import RunDir, kept_tuned_decode
+from nmt.run_config import kept_tuned_decode
+from nmt.rundir import RunDir
 from nmt.tune_decode import Trial, best_trial, grid, tune_decode
 
 
