@@ -760,9 +760,14 @@ def test_the_lock_holds_where_the_disk_has_no_room_for_the_holders_note(tmp_path
 
     path = tmp_path / "train.lock"
     path.symlink_to("/dev/full")  # every write refused, as on a full disk
+    # flock on /dev/full is machine-wide: release it whatever happens, or another test run fails
     lock = RunLock(path)
     lock.acquire(tmp_path, warn=lambda message: None)
-    with pytest.raises(NMTError, match="another 'nmt train' is training this run"):
-        RunLock(path).acquire(tmp_path, warn=lambda message: None)
-    lock.release()
-    RunLock(path).acquire(tmp_path, warn=lambda message: None)
+    try:
+        with pytest.raises(NMTError, match="another 'nmt train' is training this run"):
+            RunLock(path).acquire(tmp_path, warn=lambda message: None)
+    finally:
+        lock.release()
+    again = RunLock(path)
+    again.acquire(tmp_path, warn=lambda message: None)
+    again.release()
