@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 
 from nmt import testhooks
-from nmt.corpus import Chunk, clean_pairs, filter_by_length
+from nmt.corpus import clean_pairs, filter_by_length
+from nmt.corpus_spec import Chunk
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, is_temporary
 from nmt.tokenizer import Tokenizer

@@ -16,16 +16,10 @@ from typing import Any, Literal
 import yaml
 
 from nmt.config_sources import apply_overrides, error_source, read_yaml
-from nmt.corpus import (
-    CorpusConfig,
-    anchor_corpus,
-    check_local_revision,
-    check_saved_config,
-    check_saved_split,
-    hf_keys_changed,
-    resolve_format,
-)
+from nmt.corpus import anchor_corpus, resolve_format
+from nmt.corpus_spec import CorpusConfig, hf_keys_changed
 from nmt.errors import NMTError
+from nmt.hf_corpus import check_local_revision, check_saved_config, check_saved_split
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
 from nmt.schema import Schema, quoting_hint
 from nmt.tokenizer import TokenizerConfig

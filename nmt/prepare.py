@@ -22,8 +22,6 @@ from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
     clean_pairs,
     describe_drops,
-    hub_commit,
-    hub_where,
     is_hub_dataset,
     iter_parallel,
     plain_paths,
@@ -32,6 +30,7 @@ from nmt.corpus import (
 )
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
+from nmt.hf_corpus import hub_commit, hub_where
 from nmt.machine import usable_cpus
 from nmt.run_config import config_differences
 from nmt.rundir import RunDir

@@ -14,7 +14,7 @@ from nmt.errors import NMTError
 # lines to our one-line error. The suite ran on 2.4.1 (README, "Set-up").
 # sentencepiece 0.2.0-0.2.2 turn a tab into ' ⁇ ' under the nfkc and identity normalizations.
 OLDEST = {"torch": "2.4.1", "sentencepiece": "0.2.3"}
-# Needed only to read a Hugging Face dataset, so checked there (nmt.corpus): 2.14 and 2.15 lack
+# Needed only to read a Hugging Face dataset, so checked there (nmt.hf_corpus): 2.14 and 2.15 lack
 # datasets.exceptions (2.14 does not even import beside a current pyarrow), and 2.16 and 2.17 cannot
 # read a CSV or TSV data file with the pandas 3 pip installs beside them.
 OLDEST_DATASETS = "2.18"

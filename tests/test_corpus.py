@@ -21,7 +21,6 @@ from nmt.corpus import (
     clean_pairs,
     describe_drops,
     filter_by_length,
-    hub_commit,
     iter_lines,
     iter_parallel,
     read_lines,
@@ -29,6 +28,7 @@ from nmt.corpus import (
     resolve_format,
 )
 from nmt.errors import NMTError
+from nmt.hf_corpus import hub_commit
 
 DE = ["Guten Morgen", "Das Haus ist klein .", "Über allen Gipfeln"]
 EN = ["Good morning", "The house is small .", "Over all the peaks"]
@@ -313,11 +313,11 @@ def test_a_datasets_older_than_the_floor_is_refused_in_one_line(tmp_path, monkey
 
 
 def test_the_datasets_floor_is_pyprojects():
-    from nmt import corpus
+    from nmt import hf_corpus
 
     pyproject = (Path(__file__).parents[1] / "pyproject.toml").read_text(encoding="utf-8")
-    assert f'"datasets>={corpus.OLDEST_DATASETS}",' in pyproject
-    corpus._check_datasets_version("corpus")  # the datasets running this test
+    assert f'"datasets>={hf_corpus.OLDEST_DATASETS}",' in pyproject
+    hf_corpus._check_datasets_version("corpus")  # the datasets running this test
 
 
 def test_hf_saved_dataset_with_translation_column(tmp_path):
@@ -480,7 +480,7 @@ def test_hf_tsv_data_file_is_not_read_with_csv_quoting(tmp_path, monkeypatch, st
 
 
 def test_datasets_warnings_still_print_while_its_error_lines_are_kept_quiet():
-    from nmt.corpus import _datasets_log_quiet
+    from nmt.hf_corpus import _datasets_log_quiet
 
     printed = io.StringIO()
     handler = logging.StreamHandler(printed)  # as the stderr handler datasets gives its logger

@@ -16,7 +16,7 @@ import pytest
 
 from nmt.cli import build_parser
 from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig, load_config
-from nmt.corpus import CorpusConfig
+from nmt.corpus_spec import CorpusConfig
 from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.tokenizer import TokenizerConfig
