@@ -10,7 +10,6 @@ group is shared out among the ranks and gradients are averaged by DistributedDat
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import math
 import os
 import random
@@ -25,7 +24,7 @@ import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
 from nmt.average import average_last, dev_bleu, dev_scorer
-from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, rebatched_rest, token_batches
+from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, token_batches
 from nmt.config import Config, TrainConfig, config_to_dict
 from nmt.device import (
     Precision,
@@ -37,6 +36,7 @@ from nmt.device import (
     select_device,
     size_onednn_cache,
 )
+from nmt.epoch_plan import continue_epoch, lengths_digest, made_plan
 from nmt.errors import NMTError, SharedError, error_line
 from nmt.files import atomic_write_bytes, naming
 from nmt.kernel_choice import Choice, Request
@@ -56,24 +56,6 @@ from nmt.translate import Translator
 # fp16 stops when its loss scale falls below this (fairseq's min_loss_scale): from torch's initial
 # 65536, 30 overflows (the scale grows back only after 2000 good updates in a row).
 MIN_LOSS_SCALE = 1e-4
-
-
-BATCHING_KEYS = ("train.max_tokens", "seed")  # what an epoch's plan is made with, besides the data
-
-
-def batching_changes(before: list[int], now: list[int]) -> str:
-    """'train.max_tokens 512 -> 1024; seed 1 -> 7' for the batching settings (BATCHING_KEYS) that differ."""
-    return "; ".join(f"{key} {a} -> {b}" for key, a, b in zip(BATCHING_KEYS, before, now) if a != b)
-
-
-def resumed_position(epoch: int, done: int, saved_batches: int, batches: int) -> tuple[int, int]:
-    """(epoch, batch) to resume at when ``done`` of the epoch's ``saved_batches`` were consumed and
-    its plan now has ``batches``: the same place when the plan is unchanged, else the same fraction
-    of the epoch (the next epoch once that is all of it). ``saved_batches`` 0 means unknown."""
-    if saved_batches in (0, batches) and done < batches:
-        return epoch, done
-    at = round(done * batches / saved_batches) if saved_batches else batches
-    return (epoch + 1, 0) if at >= batches else (epoch, at)
 
 
 def evaluate_loss(
@@ -479,65 +461,23 @@ class Trainer:
             p.plan_batchings = [[0, *self._batching()]]
         made_with = (p.epoch, tuple(tuple(b) for b in p.plan_batchings))
         if self._plan is None or self._plan[0] != made_with:
-            self._plan = (made_with, self._made_plan(p.epoch, p.plan_batchings))
+            data = self.data.train
+            self._plan = (made_with, made_plan(data.src_lens, data.trg_lens, p.epoch, p.plan_batchings))
         return self._plan[1]
 
     def _data_digest(self) -> str:
-        """SHA-256 of the training pairs' lengths: the same digest, the same plans for the same settings."""
+        """``lengths_digest`` of the training pairs, computed once."""
         if self._lengths_digest is None:
-            data, digest = self.data.train, hashlib.sha256()
-            for lengths in (data.src_lens, data.trg_lens):
-                digest.update(f"{lengths.dtype.str}:{lengths.size};".encode())
-                digest.update(memoryview(np.ascontiguousarray(lengths)).cast("B"))
-            self._lengths_digest = digest.hexdigest()
+            self._lengths_digest = lengths_digest(self.data.train.src_lens, self.data.train.trg_lens)
         return self._lengths_digest
 
     def _batching(self) -> list[int]:
-        """The config's settings an epoch's plan is made with (BATCHING_KEYS)."""
+        """The config's settings an epoch's plan is made with (``nmt.epoch_plan.BATCHING_KEYS``)."""
         return [self.cfg.train.max_tokens, self.cfg.seed]
 
-    def _made_plan(self, epoch: int, batchings: list) -> BatchPlan:
-        data = self.data.train
-        [_, max_tokens, seed], *changes = batchings
-        plan = token_batches(data.src_lens, data.trg_lens, max_tokens, seed, epoch)
-        for done, max_tokens, seed in changes:
-            plan = rebatched_rest(plan, done, data.src_lens, data.trg_lens, max_tokens, seed, epoch)
-        return plan
-
     def _continue_epoch(self) -> None:
-        """Where a resumed run goes on in its epoch. With the same training data, at the same batch:
-        where train.max_tokens or the seed changed, the pairs of the epoch not yet trained on are
-        batched again under the new values, so that each is trained on once in the epoch, as in
-        every other. With other training data (pairs of other lengths) the old plan cannot be made
-        again: the run goes on at the same fraction of the new data's epoch."""
-        p = self.progress
-        same_data = p.plan_data == self._data_digest() and bool(p.plan_batchings)
-        changes = batching_changes(p.plan_batchings[-1][1:], self._batching()) if p.plan_batchings else ""
-        if same_data and p.plan_epoch == p.epoch:
-            if changes:
-                p.plan_batchings.append([p.batch_in_epoch, *self._batching()])
-                plan = self.epoch_plan()
-                left = plan.bounds[p.batch_in_epoch :]
-                pairs = int((left[:, 1] - left[:, 0]).sum())
-                self.log(
-                    f"resuming with {changes}: the {pairs} pairs of epoch {p.epoch} not yet trained on are batched "
-                    f"again with the new values ({len(left)} batches left of {len(plan)}); the epochs after it are "
-                    "batched whole with them"
-                )
-            return
-        if same_data and p.batch_in_epoch == 0:
-            if changes:
-                self.log(f"resuming with {changes}: from epoch {p.epoch}, which starts now")
-            return
-        batches = len(self.epoch_plan())
-        moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
-        if moved != (p.epoch, p.batch_in_epoch):
-            self.log(
-                f"the epoch now has {batches} batches, not {p.epoch_batches or 'as many as'} (the training data "
-                f"or, in a checkpoint of an earlier version, train.max_tokens changed): continuing at epoch "
-                f"{moved[0]}, batch {moved[1]}"
-            )
-            p.epoch, p.batch_in_epoch = moved
+        """Where a resumed run goes on in its epoch (``nmt.epoch_plan.continue_epoch``)."""
+        continue_epoch(self.progress, self._data_digest(), self._batching(), self.epoch_plan, self.log)
 
     # -- one update -------------------------------------------------------------------------
 

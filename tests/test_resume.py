@@ -16,10 +16,11 @@ from conftest import PAIRS, tiny_config
 from nmt import checkpoint, testhooks
 from nmt.cli import main
 from nmt.device import cpu_has_bf16
+from nmt.epoch_plan import resumed_position
 from nmt.errors import NMTError
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
-from nmt.trainer import Trainer, resumed_position
+from nmt.trainer import Trainer
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
 

@@ -1,0 +1,93 @@
+"""The plan of an epoch's batches across resumes: the settings and data it is made with, the plan
+made again from that record, and where a resumed run goes on in it. The record itself is kept in
+``Progress`` (``plan_epoch``, ``plan_data``, ``plan_batchings``); the plan is ``nmt.batching``'s."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+
+import numpy as np
+
+from nmt.batching import BatchPlan, rebatched_rest, token_batches
+from nmt.training_state import Progress
+
+BATCHING_KEYS = ("train.max_tokens", "seed")  # what an epoch's plan is made with, besides the data
+
+
+def batching_changes(before: list[int], now: list[int]) -> str:
+    """'train.max_tokens 512 -> 1024; seed 1 -> 7' for the batching settings (BATCHING_KEYS) that differ."""
+    return "; ".join(f"{key} {a} -> {b}" for key, a, b in zip(BATCHING_KEYS, before, now) if a != b)
+
+
+def resumed_position(epoch: int, done: int, saved_batches: int, batches: int) -> tuple[int, int]:
+    """(epoch, batch) to resume at when ``done`` of the epoch's ``saved_batches`` were consumed and
+    its plan now has ``batches``: the same place when the plan is unchanged, else the same fraction
+    of the epoch (the next epoch once that is all of it). ``saved_batches`` 0 means unknown."""
+    if saved_batches in (0, batches) and done < batches:
+        return epoch, done
+    at = round(done * batches / saved_batches) if saved_batches else batches
+    return (epoch + 1, 0) if at >= batches else (epoch, at)
+
+
+def lengths_digest(src_lens: np.ndarray, trg_lens: np.ndarray) -> str:
+    """SHA-256 of the training pairs' lengths: the same digest, the same plans for the same settings."""
+    digest = hashlib.sha256()
+    for lengths in (src_lens, trg_lens):
+        digest.update(f"{lengths.dtype.str}:{lengths.size};".encode())
+        digest.update(memoryview(np.ascontiguousarray(lengths)).cast("B"))
+    return digest.hexdigest()
+
+
+def made_plan(src_lens: np.ndarray, trg_lens: np.ndarray, epoch: int, batchings: list) -> BatchPlan:
+    """The plan of ``epoch`` made again from its record ``batchings`` (``Progress.plan_batchings``):
+    batched whole with the first settings, the rest batched again at each change."""
+    [_, max_tokens, seed], *changes = batchings
+    plan = token_batches(src_lens, trg_lens, max_tokens, seed, epoch)
+    for done, max_tokens, seed in changes:
+        plan = rebatched_rest(plan, done, src_lens, trg_lens, max_tokens, seed, epoch)
+    return plan
+
+
+def continue_epoch(
+    p: Progress,
+    data_digest: str,
+    batching: list[int],
+    epoch_plan: Callable[[], BatchPlan],
+    log: Callable[[str], None],
+) -> None:
+    """Where a resumed run goes on in its epoch. With the same training data, at the same batch:
+    where train.max_tokens or the seed changed, the pairs of the epoch not yet trained on are
+    batched again under the new values, so that each is trained on once in the epoch, as in
+    every other. With other training data (pairs of other lengths) the old plan cannot be made
+    again: the run goes on at the same fraction of the new data's epoch.
+
+    ``data_digest`` and ``batching`` are what the run has now (``lengths_digest``, BATCHING_KEYS'
+    values); ``epoch_plan`` is the current epoch's plan as ``p`` records it (``Trainer.epoch_plan``)."""
+    same_data = p.plan_data == data_digest and bool(p.plan_batchings)
+    changes = batching_changes(p.plan_batchings[-1][1:], batching) if p.plan_batchings else ""
+    if same_data and p.plan_epoch == p.epoch:
+        if changes:
+            p.plan_batchings.append([p.batch_in_epoch, *batching])
+            plan = epoch_plan()
+            left = plan.bounds[p.batch_in_epoch :]
+            pairs = int((left[:, 1] - left[:, 0]).sum())
+            log(
+                f"resuming with {changes}: the {pairs} pairs of epoch {p.epoch} not yet trained on are batched "
+                f"again with the new values ({len(left)} batches left of {len(plan)}); the epochs after it are "
+                "batched whole with them"
+            )
+        return
+    if same_data and p.batch_in_epoch == 0:
+        if changes:
+            log(f"resuming with {changes}: from epoch {p.epoch}, which starts now")
+        return
+    batches = len(epoch_plan())
+    moved = resumed_position(p.epoch, p.batch_in_epoch, p.epoch_batches, batches)
+    if moved != (p.epoch, p.batch_in_epoch):
+        log(
+            f"the epoch now has {batches} batches, not {p.epoch_batches or 'as many as'} (the training data "
+            f"or, in a checkpoint of an earlier version, train.max_tokens changed): continuing at epoch "
+            f"{moved[0]}, batch {moved[1]}"
+        )
+        p.epoch, p.batch_in_epoch = moved
