@@ -207,17 +207,23 @@ def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
     return sorted(found, key=lambda c: c.update, reverse=True)
 
 
-def _is_number(value: Any) -> bool:
+def is_whole_number(value: Any) -> bool:
+    """An int as JSON and torch.save keep one; a bool is an int to Python, never one here."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def is_number(value: Any) -> bool:
+    """An int or a float, not a bool."""
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _index_entry_ok(entry: Any) -> bool:
     """A best or average entry: a file name in the checkpoint directory (never a path out of it) and a score."""
-    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not _is_number(entry.get("score")):
+    if not isinstance(entry, dict) or not isinstance(entry.get("file"), str) or not is_number(entry.get("score")):
         return False
     name = entry["file"]
     loss = entry.get("loss")
-    return name not in ("", ".", "..") and "/" not in name and (loss is None or _is_number(loss))
+    return name not in ("", ".", "..") and "/" not in name and (loss is None or is_number(loss))
 
 
 def _index_shape_ok(index: Any) -> bool:
@@ -229,7 +235,7 @@ def _index_shape_ok(index: Any) -> bool:
         return False
     if average not in (None, {}) and not _index_entry_ok(average):
         return False
-    return last is None or (isinstance(last, int) and not isinstance(last, bool))
+    return last is None or is_whole_number(last)
 
 
 def _rank(entry: dict) -> tuple[float, float]:
@@ -437,7 +443,7 @@ def written_by_validation(progress: dict) -> bool:
     unreadable one does."""
     update = progress.get("update")
     validated = progress.get("last_validated", update)
-    if not all(isinstance(n, int) and not isinstance(n, bool) for n in (update, validated)):
+    if not all(map(is_whole_number, (update, validated))):
         return True
     return validated == update
 

@@ -55,11 +55,11 @@ _PROGRESS_LOWEST = {"epoch": 1, "last_validated": -1}
 
 
 def _whole(value: object, lowest: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= lowest
+    return checkpoint.is_whole_number(value) and value >= lowest
 
 
 def _number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and not math.isnan(value)
+    return checkpoint.is_number(value) and not math.isnan(value)
 
 
 def progress_problem(saved: dict, update: int) -> str | None:
