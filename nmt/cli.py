@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import math
 import re
 import signal
 import sys
@@ -11,55 +10,20 @@ from collections.abc import Callable
 from typing import Any
 
 from nmt import commands
+from nmt.arg_types import int_at_least, non_negative_float, non_negative_int, positive_int
 from nmt.console import say
 from nmt.errors import NMTError
 from nmt.files import storage_error, write_error_message
 from nmt.versions import check_dependencies
 
-
-def _int_at_least(low: int, expected: str) -> Callable[[str], int]:
-    """An argparse type: an integer of at least ``low``; ``expected`` says so in the error."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = low - 1
-        if value < low:
-            raise argparse.ArgumentTypeError(f"expected {expected}, got {text!r}")
-        return value
-
-    return parse
-
-
-_positive_int = _int_at_least(1, "a positive integer")
-_non_negative_int = _int_at_least(0, "an integer >= 0")
 # one checkpoint's average would only copy it (as train.average_last, >= 2)
-_checkpoint_count = _int_at_least(2, "an integer >= 2 (checkpoints to average)")
-
-
-def _finite_float(text: str) -> float:
-    """A number; float() also reads 'nan', 'inf' and '1e999', which no option means."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
-    if not math.isfinite(value):
-        raise argparse.ArgumentTypeError(f"expected a finite number, got {text!r}")
-    return value
-
-
-def _non_negative_float(text: str) -> float:
-    value = _finite_float(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
+_checkpoint_count = int_at_least(2, "checkpoints to average")
 
 
 def _length_penalty(text: str) -> float:
     from nmt.config import MAX_LENGTH_PENALTY  # here: the module imports torch, which must load after limit_spinning
 
-    value = _non_negative_float(text)
+    value = non_negative_float(text)
     if value > MAX_LENGTH_PENALTY:
         raise argparse.ArgumentTypeError(f"expected a number in [0, {MAX_LENGTH_PENALTY:g}], got {text!r}")
     return value
@@ -68,14 +32,14 @@ def _length_penalty(text: str) -> float:
 def _max_len_b(text: str) -> int:
     from nmt.config import MAX_LEN_B
 
-    value = _non_negative_int(text)
+    value = non_negative_int(text)
     if value > MAX_LEN_B:
         raise argparse.ArgumentTypeError(f"expected an integer in [0, {MAX_LEN_B}], got {text!r}")
     return value
 
 
 def _number_list(number: Callable[[str], Any]):
-    """Comma-separated values, each read by ``number`` (one of the types above)."""
+    """Comma-separated values, each read by ``number`` (a type of nmt.arg_types or one above)."""
 
     def parse(text: str) -> list:
         values = [number(x.strip()) for x in text.split(",") if x.strip()]
@@ -88,15 +52,15 @@ def _number_list(number: Callable[[str], Any]):
 
 def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding (defaults come from the run's config)")
-    g.add_argument("--beam-size", type=_positive_int, help="beam width; 1 is greedy search")
+    g.add_argument("--beam-size", type=positive_int, help="beam width; 1 is greedy search")
     g.add_argument("--length-penalty", type=_length_penalty, help="alpha in score / length**alpha")
     g.add_argument(
         "--max-len-a",
-        type=_non_negative_float,
+        type=non_negative_float,
         help="max output length = a * source length + b (at most the model's positions)",
     )
     g.add_argument("--max-len-b", type=_max_len_b, help="see --max-len-a")
-    g.add_argument("--batch-tokens", type=_positive_int, help="source tokens per decoding batch")
+    g.add_argument("--batch-tokens", type=positive_int, help="source tokens per decoding batch")
     # No argparse defaults for these two: eval-bleu --hyp must see whether they were given.
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to decode (default auto)")
     g.add_argument(
@@ -176,7 +140,7 @@ def _translate_parsers(sub) -> None:
     p.add_argument("--attention-head", help="attention head to show, or 'mean' (default)")
     p.add_argument(
         "--nbest",
-        type=_positive_int,
+        type=positive_int,
         help="write the N best translations of each line as Moses/Marian n-best lines: "
         "'INDEX ||| TEXT ||| F0= LOGPROB ||| SCORE' (SCORE = LOGPROB / length**length_penalty); "
         "default: the run's decode.nbest; 1: plain text, the best translation of each line",
@@ -223,7 +187,7 @@ def _tune_parser(sub) -> None:
     )
     p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
     beams, penalties = ",".join(map(str, BEAM_SIZES)), ",".join(map(str, LENGTH_PENALTIES))
-    p.add_argument("--beam-sizes", type=_number_list(_positive_int), default=list(BEAM_SIZES), help=f"default {beams}")
+    p.add_argument("--beam-sizes", type=_number_list(positive_int), default=list(BEAM_SIZES), help=f"default {beams}")
     p.add_argument(
         "--length-penalties",
         type=_number_list(_length_penalty),
@@ -244,9 +208,9 @@ def _report_parsers(sub) -> None:
     )
     _add_config_options(p, "YAML config whose data and model to use")
     p.add_argument("--model", metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)")
-    p.add_argument("--updates", type=_positive_int, default=30, help="timed training updates (default 30)")
-    p.add_argument("--warmup", type=_positive_int, default=5, help="untimed updates first (default 5)")
-    p.add_argument("--decode-sentences", type=_positive_int, help="decode only the first N test sentences")
+    p.add_argument("--updates", type=positive_int, default=30, help="timed training updates (default 30)")
+    p.add_argument("--warmup", type=positive_int, default=5, help="untimed updates first (default 5)")
+    p.add_argument("--decode-sentences", type=positive_int, help="decode only the first N test sentences")
     p.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
     p.set_defaults(func=commands.cmd_bench)
 

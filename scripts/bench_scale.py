@@ -20,8 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from script_args import positive_int
-
+from nmt.arg_types import positive_int
 from nmt.synthetic import write_synthetic_corpus
 
 ROOT = Path(__file__).resolve().parent.parent

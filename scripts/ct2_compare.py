@@ -28,9 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from script_args import positive_int  # noqa: E402
 
 from nmt import export  # noqa: E402
+from nmt.arg_types import positive_int  # noqa: E402
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402

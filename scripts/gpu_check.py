@@ -39,9 +39,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from script_args import positive_float  # noqa: E402
 
 from nmt import bench  # noqa: E402
+from nmt.arg_types import positive_float  # noqa: E402
 from nmt.config import config_from_dict  # noqa: E402
 from nmt.config_sources import apply_overrides, read_yaml  # noqa: E402
 from nmt.device import cpu_has_bf16  # noqa: E402

@@ -27,8 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from script_args import positive_int  # noqa: E402
-
+from nmt.arg_types import positive_int  # noqa: E402  (plain Python: no torch)
 from nmt.openmp import limit_spinning  # noqa: E402  (plain Python: no torch)
 
 ISA_KNOBS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")

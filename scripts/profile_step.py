@@ -21,9 +21,9 @@ from nmt.openmp import limit_spinning  # noqa: E402
 limit_spinning()  # as the CLI does, before torch loads the OpenMP runtime
 
 import torch  # noqa: E402
-from script_args import int_at_least, positive_int  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
+from nmt.arg_types import non_negative_int, positive_int  # noqa: E402
 from nmt.bench import scratch_trainer, update_groups  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
@@ -34,7 +34,7 @@ def main() -> int:
     parser.add_argument("--config", required=True)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--updates", type=positive_int, default=5, help="profiled updates (default 5)")
-    parser.add_argument("--warmup", type=int_at_least(0), default=3, help="untimed updates first (default 3)")
+    parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed updates first (default 3)")
     parser.add_argument("--rows", type=positive_int, default=30, help="table rows (default 30)")
     args = parser.parse_args()
 

@@ -29,8 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from script_args import positive_float, positive_int  # noqa: E402
-
+from nmt.arg_types import positive_float, positive_int  # noqa: E402
 from nmt.metrics import read_metrics  # noqa: E402
 
 POLL_S = 1.0  # how often the running variants are looked at

@@ -25,8 +25,8 @@ from nmt.openmp import limit_spinning  # noqa: E402
 OPENMP = limit_spinning()  # as the CLI does; GOMP_SPINCOUNT=300000 brings back GNU OpenMP's default
 
 import torch  # noqa: E402
-from script_args import positive_int  # noqa: E402
 
+from nmt.arg_types import positive_int  # noqa: E402
 from nmt.batching import token_batches  # noqa: E402
 from nmt.bench import scratch_trainer  # noqa: E402
 from nmt.config import load_config  # noqa: E402

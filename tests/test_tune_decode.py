@@ -41,7 +41,7 @@ def test_tune_decode_writes_the_winner_into_the_run_config(tmp_path, capsys):
     assert "beam size 61 is more than the 60 words of the target vocabulary" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["tune-decode", "--model", str(run), "--beam-sizes", "0"])
-    assert "argument --beam-sizes: expected a positive integer, got '0'" in capsys.readouterr().err
+    assert "argument --beam-sizes: expected an integer >= 1, got '0'" in capsys.readouterr().err
 
 
 def test_the_grid_tries_each_pair_once_in_the_order_given():
