@@ -23,6 +23,7 @@ import torch
 
 from nmt import files, testhooks
 from nmt.errors import NMTError
+from nmt.saved_numbers import is_number, is_whole_number
 
 FORMAT = "nmt-checkpoint-1"
 _UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")  # average_*.pt files are named in index.json
@@ -205,16 +206,6 @@ def list_checkpoints(directory: Path, kind: str) -> list[CheckpointInfo]:
             if m and m.group(1) == kind:
                 found.append(CheckpointInfo(p, kind, int(m.group(2))))
     return sorted(found, key=lambda c: c.update, reverse=True)
-
-
-def is_whole_number(value: Any) -> bool:
-    """An int as JSON and torch.save keep one; a bool is an int to Python, never one here."""
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def is_number(value: Any) -> bool:
-    """An int or a float, not a bool."""
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _index_entry_ok(entry: Any) -> bool:

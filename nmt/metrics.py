@@ -19,6 +19,7 @@ from pathlib import Path
 
 from nmt.errors import NMTError
 from nmt.files import naming
+from nmt.saved_numbers import is_number
 
 METRICS_FILE = "metrics.jsonl"
 RATE_WINDOW = 20  # updates over which target tokens/s is averaged
@@ -230,7 +231,7 @@ def _checked_fields(record: dict, path: Path, number: int) -> dict:
     """``record``, or BadLine where a train or valid record lacks one of its numbers."""
     kind = record.get("type")
     for key in NUMBERS.get(kind, ()):
-        if not _is_number(record.get(key)):
+        if not is_number(record.get(key)):
             raise BadLine(path, number, f"{kind} record without a numeric '{key}'")
     return record
 
@@ -244,7 +245,7 @@ def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number:
     if kind not in ("train", "valid"):
         return  # a record type of a later version
     for key in ("update", "elapsed"):
-        if not _is_number(record.get(key)):
+        if not is_number(record.get(key)):
             raise BadLine(path, number, f"{kind} record without a numeric '{key}'")
     # A resumed run restarts at its checkpoint: what was logged after it belongs to no run any more.
     # (A validation follows the train record of its own update, so that one stays.)
@@ -254,10 +255,6 @@ def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number:
     while valid and valid[-1]["update"] >= update:
         valid.pop()
     (train if kind == "train" else valid).append(record)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class TokenRate:
@@ -301,7 +298,7 @@ class ScalarStream:
             if scalar.kind != record.get("type"):
                 continue
             value = derived.get(scalar.key) if scalar.derived else record.get(scalar.key)
-            if _is_number(value):
+            if is_number(value):
                 values.append((scalar, float(value)))
         return values
 

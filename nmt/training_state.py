@@ -12,6 +12,7 @@ import torch
 
 from nmt import checkpoint
 from nmt.rundir import fingerprint_problem
+from nmt.saved_numbers import is_number, is_whole_number
 
 
 @dataclass
@@ -55,11 +56,11 @@ _PROGRESS_LOWEST = {"epoch": 1, "last_validated": -1}
 
 
 def _whole(value: object, lowest: int) -> bool:
-    return checkpoint.is_whole_number(value) and value >= lowest
+    return is_whole_number(value) and value >= lowest
 
 
 def _number(value: object) -> bool:
-    return checkpoint.is_number(value) and not math.isnan(value)
+    return is_number(value) and not math.isnan(value)
 
 
 def progress_problem(saved: dict, update: int) -> str | None:
