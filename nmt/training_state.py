@@ -103,10 +103,11 @@ def _plan_problem(batchings: object, plan_epoch: int) -> str | None:
 
 
 def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> str | None:
-    """What in a saved ``optimizer.state_dict()`` ``optimizer`` (the model's, as built) could not take
-    as its own, in words, or None: param_groups of its parameters' count, settings of its kinds, and a
-    state per parameter of its shape. torch checks only the counts as it loads; a state of another
-    shape failed at the first update, or corrupted memory in the fused kernel."""
+    """What in a saved ``optimizer.state_dict()`` ``optimizer`` (the model's AdamW, as built) could not
+    take as its own, in words, or None: param_groups of its parameters' count and settings of its kinds
+    (``param_group_problem``), and a state per parameter of its shape. torch checks only the counts as
+    it loads; a state of another shape failed at the first update, or corrupted memory in the fused
+    kernel."""
     groups, state = saved.get("param_groups"), saved.get("state")
     if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
         return "optimizer.param_groups is not a list of mappings"
@@ -116,13 +117,9 @@ def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> st
         return f"optimizer.param_groups has {len(groups)} groups, not {len(optimizer.param_groups)}"
     shapes: dict[int, torch.Size] = {}
     for i, (group, own) in enumerate(zip(groups, optimizer.param_groups)):
-        ids = group.get("params")
-        if not isinstance(ids, list) or not all(_whole(n, 0) for n in ids) or len(ids) != len(own["params"]):
-            return f"optimizer.param_groups[{i}].params is not a list of the model's {len(own['params'])} parameters"
-        shapes.update(zip(ids, (param.shape for param in own["params"])))
-        for key, value in own.items():
-            if key != "params" and key in group and not _same_kind(group[key], value):
-                return f"optimizer.param_groups[{i}].{key} is {group[key]!r}, not like {value!r}"
+        if (problem := param_group_problem(f"optimizer.param_groups[{i}]", group, own)) is not None:
+            return problem
+        shapes.update(zip(group["params"], (param.shape for param in own["params"])))
     if len(shapes) != sum(len(group["params"]) for group in groups):
         return "optimizer.param_groups name a parameter twice"
     for n, entry in state.items():
@@ -134,6 +131,29 @@ def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> st
             wanted = torch.Size([]) if name == "step" else shapes[n]
             if not isinstance(tensor, torch.Tensor) or tensor.shape != wanted:
                 return f"optimizer.state[{n}].{name} is not a tensor of shape {list(wanted)}"
+    return None
+
+
+# AdamW's flags that no config key sets and that loading a state brings back: a saved one must be
+# the optimizer's own as built. maximize makes training a gradient ascent; amsgrad wants a state
+# never saved (a KeyError at the first update); capturable fails on a CPU, differentiable with the
+# fused kernel. (foreach and fused say how a machine computes the same step, and may differ.)
+_AS_BUILT = ("maximize", "amsgrad", "capturable", "differentiable")
+
+
+def param_group_problem(said: str, group: dict, own: dict) -> str | None:
+    """What in saved param group ``group`` (``said``: where, in words) the optimizer's group ``own``
+    could not take, in words, or None: its parameters' count, its settings of the kinds of ``own``'s,
+    and the flags that no config key sets as ``own`` has them."""
+    ids = group.get("params")
+    if not isinstance(ids, list) or not all(_whole(n, 0) for n in ids) or len(ids) != len(own["params"]):
+        return f"{said}.params is not a list of the model's {len(own['params'])} parameters"
+    for key, value in own.items():
+        if key != "params" and key in group and not _same_kind(group[key], value):
+            return f"{said}.{key} is {group[key]!r}, not like {value!r}"
+    for key in _AS_BUILT:
+        if key in group and key in own and bool(group[key]) != bool(own[key]):
+            return f"{said}.{key} is {group[key]!r}, not {own[key]!r} as nmt builds AdamW"
     return None
 
 

@@ -819,12 +819,21 @@ def _first_optimizer_state(key: str, value):
     return lambda state: state["optimizer"]["state"][0].__setitem__(key, value)
 
 
+def _param_group(key: str, value):
+    return lambda state: state["optimizer"]["param_groups"][0].__setitem__(key, value)
+
+
 @pytest.mark.parametrize(
     "damage, said",
     [
         (_set("optimizer", "param_groups", 5), "optimizer.param_groups is not a list of mappings"),
         (lambda s: s["optimizer"]["param_groups"][0]["params"].pop(), "optimizer.param_groups[0].params is not a"),
         (_first_optimizer_state("exp_avg", torch.zeros(3)), "optimizer.state[0].exp_avg is not a tensor of shape"),
+        (lambda s: s["optimizer"]["param_groups"].append({}), "optimizer.param_groups has 2 groups, not 1"),
+        (_param_group("maximize", True), "optimizer.param_groups[0].maximize is True, not False as nmt builds AdamW"),
+        (_param_group("amsgrad", True), "optimizer.param_groups[0].amsgrad is True, not False as nmt builds AdamW"),
+        (_param_group("capturable", True), "optimizer.param_groups[0].capturable is True, not False"),
+        (_param_group("differentiable", True), "optimizer.param_groups[0].differentiable is True, not False"),
         (_set("progress", "update", "x"), "progress.update is 'x', the file is named for update 6"),
         (_set("progress", "update", 2), "progress.update is 2, the file is named for update 6"),
         (_set("progress", "epoch", 0), "progress.epoch is 0, not a whole number from 1 on"),
@@ -843,6 +852,7 @@ def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before
 ):
     # Each ended the resume in a traceback (KeyError, TypeError, ValueError, a crash in the fused AdamW),
     # or, for an update not the file's, trained on from the wrong update; some after half the state was restored.
+    # AdamW's maximize trained on silently, by gradient ascent.
     run = tmp_path / "run"
     shutil.copytree(run_with_two_states, run)
     damage_state(run / "checkpoints" / "update_00000006.pt", damage)
