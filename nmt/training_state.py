@@ -105,9 +105,9 @@ def _plan_problem(batchings: object, plan_epoch: int) -> str | None:
 def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> str | None:
     """What in a saved ``optimizer.state_dict()`` ``optimizer`` (the model's AdamW, as built) could not
     take as its own, in words, or None: param_groups of its parameters' count and settings of its kinds
-    (``param_group_problem``), and a state per parameter of its shape. torch checks only the counts as
-    it loads; a state of another shape failed at the first update, or corrupted memory in the fused
-    kernel."""
+    (``param_group_problem``), and a state per parameter of its shape and of values a step leaves
+    (``parameter_state_problem``). torch checks only the counts as it loads; a state of another shape
+    failed at the first update, or corrupted memory in the fused kernel."""
     groups, state = saved.get("param_groups"), saved.get("state")
     if not isinstance(groups, list) or not all(isinstance(group, dict) for group in groups):
         return "optimizer.param_groups is not a list of mappings"
@@ -125,12 +125,8 @@ def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> st
     for n, entry in state.items():
         if n not in shapes or not isinstance(entry, dict):
             return f"optimizer.state has an entry {n!r} for no parameter of the model"
-        for name, tensor in entry.items():
-            if name == "step" and _number(tensor):  # torch before 1.12 counted steps in a number
-                continue
-            wanted = torch.Size([]) if name == "step" else shapes[n]
-            if not isinstance(tensor, torch.Tensor) or tensor.shape != wanted:
-                return f"optimizer.state[{n}].{name} is not a tensor of shape {list(wanted)}"
+        if (problem := parameter_state_problem(f"optimizer.state[{n}]", entry, shapes[n])) is not None:
+            return problem
     return None
 
 
@@ -167,6 +163,60 @@ def _same_kind(saved: object, own: object) -> bool:
     if isinstance(own, (tuple, list)):
         return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(_number, saved))
     return True
+
+
+# What AdamW keeps of a parameter it has stepped (without amsgrad, which nmt never sets): a step it
+# loads without one of them ends in a KeyError.
+_ADAMW_ENTRIES = ("step", "exp_avg", "exp_avg_sq")
+# The running means of squared gradients: the step divides by their root.
+_SQUARES = ("exp_avg_sq", "max_exp_avg_sq")
+
+
+def parameter_state_problem(said: str, entry: dict, shape: torch.Size) -> str | None:
+    """What in AdamW's saved state ``entry`` of a parameter of ``shape`` (``said``: where, in words) it
+    could not go on from, in words, or None: each of its entries, of values a step leaves. An empty
+    entry is a parameter not stepped yet; AdamW starts its state at the next step."""
+    missing = [name for name in _ADAMW_ENTRIES if entry and name not in entry]
+    if missing:
+        return f"{said} has no {missing[0]}"
+    for name, value in entry.items():
+        problem = _step_problem(value) if name == "step" else _moment_problem(value, shape, name in _SQUARES)
+        if problem is not None:
+            return f"{said}.{name} {problem}"
+    return None
+
+
+def _step_problem(step: object) -> str | None:
+    """The steps AdamW has taken a parameter, the exponent of its bias correction: a whole number from 0
+    on, in a tensor of shape [] (a number before torch 1.12). A negative one turns the step around or
+    makes it nan."""
+    if isinstance(step, torch.Tensor) and step.shape == torch.Size([]) and not step.is_complex():
+        step = step.item()
+    elif not checkpoint.is_number(step):
+        return "is not a tensor of shape []"
+    if not (math.isfinite(step) and step >= 0 and step == int(step)):
+        return f"is {step!r}, not a whole number of steps from 0 on"
+    return None
+
+
+def _moment_problem(moment: object, shape: torch.Size, is_square: bool) -> str | None:
+    """A running mean of the gradients (exp_avg) or of their squares (``is_square``): floats of the
+    parameter's shape, each finite and a square's from 0 on. One nan or inf made every update after it
+    non-finite (skipped until train.max_nonfinite ended the run as diverged); an inf square froze the
+    parameter for ever; a negative one made it nan."""
+    if not isinstance(moment, torch.Tensor) or moment.shape != shape:
+        return f"is not a tensor of shape {list(shape)}"
+    if not moment.is_floating_point():
+        return f"is a tensor of {moment.dtype}, not of floats"
+    if moment.numel() == 0:
+        return None
+    # One pass for both bounds (a nan makes both nan): isfinite().all() took ten times as long.
+    least, most = (bound.item() for bound in torch.aminmax(moment))
+    if not (math.isfinite(least) and math.isfinite(most)):
+        return "holds values that are not finite"
+    if is_square and least < 0:
+        return "holds values below 0"
+    return None
 
 
 # What GradScaler.state_dict() holds where it is enabled (fp16), each a number; {} where it is not.

@@ -1,6 +1,7 @@
 """A run stopped and resumed ends with exactly the parameters of the same run left alone."""
 
 import json
+import math
 import os
 import re
 import shutil
@@ -823,6 +824,16 @@ def _param_group(key: str, value):
     return lambda state: state["optimizer"]["param_groups"][0].__setitem__(key, value)
 
 
+def _every_optimizer_state(key: str, fill: float):
+    """Set ``key`` of every parameter's AdamW state to ``fill`` throughout."""
+
+    def damage(state):
+        for entry in state["optimizer"]["state"].values():
+            entry[key] = torch.full_like(entry[key], fill)
+
+    return damage
+
+
 @pytest.mark.parametrize(
     "damage, said",
     [
@@ -834,6 +845,24 @@ def _param_group(key: str, value):
         (_param_group("amsgrad", True), "optimizer.param_groups[0].amsgrad is True, not False as nmt builds AdamW"),
         (_param_group("capturable", True), "optimizer.param_groups[0].capturable is True, not False"),
         (_param_group("differentiable", True), "optimizer.param_groups[0].differentiable is True, not False"),
+        (
+            _every_optimizer_state("exp_avg_sq", math.inf),
+            "optimizer.state[0].exp_avg_sq holds values that are not finite",
+        ),
+        (_every_optimizer_state("exp_avg_sq", -1.0), "optimizer.state[0].exp_avg_sq holds values below 0"),
+        (_every_optimizer_state("exp_avg", math.nan), "optimizer.state[0].exp_avg holds values that are not finite"),
+        (
+            _every_optimizer_state("step", -3.0),
+            "optimizer.state[0].step is -3.0, not a whole number of steps from 0 on",
+        ),
+        (_every_optimizer_state("step", math.nan), "optimizer.state[0].step is nan, not a whole number of steps"),
+        (_every_optimizer_state("step", 2.5), "optimizer.state[0].step is 2.5, not a whole number of steps"),
+        (_first_optimizer_state("step", "x"), "optimizer.state[0].step is not a tensor of shape []"),
+        (lambda s: s["optimizer"]["state"][0].pop("exp_avg_sq"), "optimizer.state[0] has no exp_avg_sq"),
+        (
+            lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", s["optimizer"]["state"][0]["exp_avg"].long()),
+            "optimizer.state[0].exp_avg is a tensor of torch.int64, not of floats",
+        ),
         (_set("progress", "update", "x"), "progress.update is 'x', the file is named for update 6"),
         (_set("progress", "update", 2), "progress.update is 2, the file is named for update 6"),
         (_set("progress", "epoch", 0), "progress.epoch is 0, not a whole number from 1 on"),
@@ -852,7 +881,8 @@ def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before
 ):
     # Each ended the resume in a traceback (KeyError, TypeError, ValueError, a crash in the fused AdamW),
     # or, for an update not the file's, trained on from the wrong update; some after half the state was restored.
-    # AdamW's maximize trained on silently, by gradient ascent.
+    # AdamW's maximize trained on silently, by gradient ascent, an inf exp_avg_sq with every parameter
+    # frozen; a negative step or a nan moment made every update non-finite, ended as 'training diverged'.
     run = tmp_path / "run"
     shutil.copytree(run_with_two_states, run)
     damage_state(run / "checkpoints" / "update_00000006.pt", damage)
