@@ -140,7 +140,9 @@ _AS_BUILT = ("maximize", "amsgrad", "capturable", "differentiable")
 def param_group_problem(said: str, group: dict, own: dict) -> str | None:
     """What in saved param group ``group`` (``said``: where, in words) the optimizer's group ``own``
     could not take, in words, or None: its parameters' count, its settings of the kinds of ``own``'s,
-    and the flags that no config key sets as ``own`` has them."""
+    and the flags that no config key sets as ``own`` has them. Its lr, betas, eps and weight_decay may
+    be any number: the schedule sets lr before every update and the config the others on resume
+    (``apply_optimizer_settings``), before any step."""
     ids = group.get("params")
     if not isinstance(ids, list) or not all(_whole(n, 0) for n in ids) or len(ids) != len(own["params"]):
         return f"{said}.params is not a list of the model's {len(own['params'])} parameters"
@@ -155,13 +157,13 @@ def param_group_problem(said: str, group: dict, own: dict) -> str | None:
 
 def _same_kind(saved: object, own: object) -> bool:
     """Whether a saved param-group setting is of the kind of the optimizer's own: a flag (True, False or
-    None: unset, as torch versions leave some), a number, or a tuple of as many numbers (betas)."""
+    None: unset, as torch versions leave some), a number (nan too), or a tuple of as many numbers (betas)."""
     if own is None or isinstance(own, bool):
         return saved is None or isinstance(saved, bool)
     if isinstance(own, (int, float)):
-        return _number(saved)
+        return checkpoint.is_number(saved)
     if isinstance(own, (tuple, list)):
-        return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(_number, saved))
+        return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(checkpoint.is_number, saved))
     return True
 
 

@@ -895,6 +895,25 @@ def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before
     assert checkpoint.load(run / "checkpoints" / "update_00000004.pt")["progress"]["update"] == 4
 
 
+def test_adamw_settings_a_resume_replaces_may_be_any_number_in_a_training_state(run_with_two_states, tmp_path, capsys):
+    # The schedule sets lr before every update and the config betas, eps and weight_decay on resume: a
+    # saved nan lr passed a sound state over.
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+    settings = {"lr": math.nan, "betas": (1.5, math.nan), "eps": -1.0, "weight_decay": math.inf}
+    damage_state(
+        run / "checkpoints" / "update_00000006.pt", lambda s: s["optimizer"]["param_groups"][0].update(settings)
+    )
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=7"]) == 0
+    log = capsys.readouterr().err
+    assert "resuming at update 6 (epoch 7, batch 0)" in log and "trying an older checkpoint" not in log
+    state = checkpoint.load(run / "checkpoints" / "update_00000007.pt")
+    [group] = state["optimizer"]["param_groups"]
+    assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-8, 0.0)
+    assert math.isfinite(group["lr"]) and all(torch.isfinite(w).all() for w in state["model"].values())
+
+
 def test_a_run_whose_training_states_are_all_damaged_is_refused_in_one_line(run_with_two_states, tmp_path, capsys):
     run = tmp_path / "run"
     shutil.copytree(run_with_two_states, run)
