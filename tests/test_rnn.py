@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 import torch
@@ -306,3 +307,41 @@ def test_lstm_step_equals_nn_lstm_values_and_gradients():
     (h.sum() + 2 * c.sum()).backward()
     for p, g in zip(lstm.parameters(), grads_ref):
         torch.testing.assert_close(p.grad, g, atol=1e-6, rtol=1e-5)
+
+
+# ---- reordering ----
+
+
+def assert_memory_rows(state, memory, rows: list[int]) -> None:
+    """Row i of the state's memory is row rows[i] of ``encode``'s."""
+    for name in ("outputs", "keys", "mask"):
+        assert torch.equal(getattr(state.memory, name), getattr(memory, name)[rows]), name
+
+
+@pytest.mark.parametrize("cell", ["lstm", "gru"])
+def test_reorder_copies_the_memory_only_when_rows_change_sentence(cell):
+    """Beams reordered within their sentences keep the memory (N, S, H_enc) as it is, not copied;
+    the first step's K rows per sentence, rows taking another sentence's place and sentences
+    leaving select it. Either way each row reads its own sentence's memory, and the next step
+    is the same as from a state whose memory was copied row by row."""
+    model = make_model(rnn_cell=cell)
+    src, mask, _ = random_batch(batch=3)
+    tokens = torch.tensor([5, 6, 7, 8, 9, 10])
+    with torch.no_grad():
+        memory = model.encode(src, mask)
+        _, state = model.decode_step(torch.full((3,), BOS), model.init_state(memory))
+        beams = model.reorder_state(state, torch.tensor([0, 0, 1, 1, 2, 2]))  # K = 2 per sentence
+        assert_memory_rows(beams, memory, [0, 0, 1, 1, 2, 2])
+        _, beams = model.decode_step(tokens, beams)
+
+        within = torch.tensor([1, 0, 2, 2, 5, 4])
+        reordered = model.reorder_state(beams, within)
+        assert reordered.memory is beams.memory
+        copied = replace(reordered, memory=beams.memory.index_select(within))
+        assert torch.equal(model.decode_step(tokens, reordered)[0], model.decode_step(tokens, copied)[0])
+
+        across = model.reorder_state(reordered, torch.tensor([2, 3, 0, 1, 4, 5]))  # same N, sentences swapped
+        assert_memory_rows(across, memory, [1, 1, 0, 0, 2, 2])
+        left = model.reorder_state(reordered, torch.tensor([0, 1, 4, 5]))  # sentence 1 leaves
+        assert_memory_rows(left, memory, [0, 0, 2, 2])
+        assert torch.equal(left.hidden, reordered.hidden[:, [0, 1, 4, 5]])

@@ -427,9 +427,11 @@ def test_search_never_emits_pad_or_bos_and_keeps_the_other_log_probs():
 class EosBiasedRNN(RNNSeq2Seq):
     """A random LSTM/GRU with a bias on the EOS logit, as ``EosBiased``."""
 
+    eos_bias = 1.5
+
     def project(self, h):
         logits = super().project(h)
-        return logits + torch.nn.functional.one_hot(torch.tensor(EOS), V).to(logits.dtype) * 1.5
+        return logits + torch.nn.functional.one_hot(torch.tensor(EOS), V).to(logits.dtype) * self.eos_bias
 
 
 def small_models():
@@ -512,3 +514,48 @@ def test_batched_beam_search_equals_a_plain_reference(name, one_thread):
             ended += sum(h.steps == len(h.tokens) + 1 for h in hyps)
             cut += sum(h.steps == len(h.tokens) for h in hyps)
     assert ended and cut  # both ends of a hypothesis occur
+
+
+class MemoryCopyingRNN(EosBiasedRNN):
+    """The RNN reordering as it did before: the encoder memory copied row by row at every reorder."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.reordered_rows = []  # N' of every reorder
+
+    def reorder_state(self, state, index):
+        self.reordered_rows.append(index.numel())
+        return replace(super().reorder_state(state, index), memory=state.memory.index_select(index))
+
+
+@pytest.mark.parametrize(
+    "rnn, seed, eos_bias",  # random models whose sentences end by EOS and by their limit, at varied steps
+    [(dict(attention="general"), 1, 0.15), (dict(rnn_cell="gru", input_feeding=False), 0, 0.2)],
+    ids=["lstm feeding", "gru"],
+)
+def test_rnn_beam_search_is_the_same_as_with_the_memory_copied_at_every_reorder(rnn, seed, eos_bias, one_thread):
+    """The RNN keeps its memory while beams reorder within their sentences: the n-best lists, their
+    tokens, log-probabilities, steps and attention maps, are those of copying it at every reorder,
+    to the bit, with sentences leaving the batch at different steps."""
+    cfg = RNNConfig(d_model=16, rnn_hidden=16, encoder_layers=1, decoder_layers=2, dropout=0.0, **rnn)
+    torch.manual_seed(seed)
+    model = EosBiasedRNN(cfg, V, V, PAD).eval()
+    copying = MemoryCopyingRNN(cfg, V, V, PAD).eval()
+    copying.load_state_dict(model.state_dict())
+    model.eos_bias = copying.eos_bias = eos_bias
+    src, mask = sources(3, lengths=(6, 2, 9, 4, 3))
+    ended = cut = 0
+    for K, lp in ((1, 0.0), (3, 1.0), (5, 0.6)):
+        args = (src, mask, max_output_lengths(mask, 1.0, 3), K, lp, BOS, EOS)
+        copying.reordered_rows = []
+        got = beam_search(model, *args, nbest=K, attention=True)
+        want = beam_search(copying, *args, nbest=K, attention=True)
+        assert len(set(copying.reordered_rows)) >= 3, copying.reordered_rows  # sentences left at two steps or more
+        for hyps, expected in zip(got, want):
+            assert [(h.tokens, h.log_prob, h.steps) for h in hyps] == [
+                (h.tokens, h.log_prob, h.steps) for h in expected
+            ]
+            assert all(torch.equal(h.attention, e.attention) for h, e in zip(hyps, expected))
+            ended += sum(1 < h.steps == len(h.tokens) + 1 for h in hyps)
+            cut += sum(h.steps == len(h.tokens) for h in hyps)
+    assert ended and cut

@@ -95,6 +95,7 @@ class RNNState:
     """Decoder state between steps; ``reorder_state`` selects rows of every tensor in it."""
 
     memory: RNNMemory
+    sources: torch.Tensor  # (N,) long: the row of ``encode``'s batch whose memory each row holds a copy of
     hidden: torch.Tensor  # (L_dec, N, H) decoder RNN hidden state
     cell: torch.Tensor | None  # (L_dec, N, H) LSTM cell; None for GRU
     feed: torch.Tensor  # (N, H) previous attentional vector h̃ (zeros before the first step)
@@ -297,9 +298,10 @@ class RNNSeq2Seq(Seq2Seq):
         if self.bridge_c is not None:
             cell = torch.stack([torch.tanh(w(memory.final_c[j])) for w, j in zip(self.bridge_c, source_layer)])
         batch = memory.outputs.size(0)
+        sources = torch.arange(batch, device=memory.outputs.device)
         feed = memory.outputs.new_zeros(batch, self.hidden_size)  # (N, H)
         lstm = LSTMStepWeights.of(self.decoder, self.trg_embed.embedding_dim) if cell is not None else None
-        return RNNState(memory, hidden, cell, feed, 0, lstm, record_attention)  # hidden, cell: (L_dec, N, H)
+        return RNNState(memory, sources, hidden, cell, feed, 0, lstm, record_attention)  # hidden, cell: (L_dec, N, H)
 
     # ---- decoder ----
 
@@ -363,9 +365,16 @@ class RNNSeq2Seq(Seq2Seq):
         return self._logits(h_tilde.squeeze(1)), state  # (N, V)
 
     def reorder_state(self, state: RNNState, index: torch.Tensor) -> RNNState:
+        """Keep rows ``index`` (N',). Rows of one sentence hold equal copies of its memory, so when
+        every kept row reads the sentence its position read before (beams reordered within their
+        sentences: every step of a beam search but the first and those where sentences finish),
+        the memory (N, S, H_enc) stays as it is rather than being copied row by row."""
+        sources = state.sources.index_select(0, index)
+        same_sentences = torch.equal(sources, state.sources)  # False for a different N'
         return replace(
             state,
-            memory=state.memory.index_select(index),
+            memory=state.memory if same_sentences else state.memory.index_select(index),
+            sources=sources,
             hidden=state.hidden.index_select(1, index),
             cell=None if state.cell is None else state.cell.index_select(1, index),
             feed=state.feed.index_select(0, index),
