@@ -161,9 +161,9 @@ def _same_kind(saved: object, own: object) -> bool:
     if own is None or isinstance(own, bool):
         return saved is None or isinstance(saved, bool)
     if isinstance(own, (int, float)):
-        return checkpoint.is_number(saved)
+        return is_number(saved)
     if isinstance(own, (tuple, list)):
-        return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(checkpoint.is_number, saved))
+        return isinstance(saved, (tuple, list)) and len(saved) == len(own) and all(map(is_number, saved))
     return True
 
 
@@ -194,7 +194,7 @@ def _step_problem(step: object) -> str | None:
     makes it nan."""
     if isinstance(step, torch.Tensor) and step.shape == torch.Size([]) and not step.is_complex():
         step = step.item()
-    elif not checkpoint.is_number(step):
+    elif not is_number(step):
         return "is not a tensor of shape []"
     if not (math.isfinite(step) and step >= 0 and step == int(step)):
         return f"is {step!r}, not a whole number of steps from 0 on"
