@@ -1,5 +1,6 @@
 """scripts/peer_speed.py, the one-sitting speed comparison with fairseq: parsing, the ratio it
-reports, and one-line errors, with a stand-in peer script (no fairseq build needed)."""
+reports, and one-line errors, with a stand-in peer script (no fairseq build needed) and, but for one
+sitting with the real one, a stand-in ``nmt bench``."""
 
 import json
 import os
@@ -42,9 +43,30 @@ def _fake_peer(tmp_path: Path, body: str) -> Path:
     return peer
 
 
-def _run(tmp_path: Path, peer: Path, *extra: str) -> subprocess.CompletedProcess:
+def _fake_nmt(tmp_path: Path, *speeds: int) -> Path:
+    """A stand-in ``nmt`` whose ``bench`` reports ``speeds`` target tokens/s, one per call, and records
+    its arguments: for what the script does with a report (the real bench takes seconds)."""
+    for call, speed in enumerate(speeds, 1):
+        report = {
+            "training": {"trg_tokens_per_s": speed, "utilization_vs_peak": 0.25},
+            "precision": "fp32",
+            "auto": {},
+            "matmul_peak_gflops": {"fp32": 80.0},
+            "machine_name": "a stand-in CPU",
+        }
+        (tmp_path / f"bench_{call}.json").write_text(json.dumps(report))
+    nmt, calls = tmp_path / "fake_nmt.sh", tmp_path / "nmt_calls"
+    nmt.write_text(
+        f'#!/usr/bin/env bash\necho "$*" >>{calls}\nreport={tmp_path}/bench_$(wc -l <{calls}).json\n'
+        'while [ $# -gt 0 ]; do case $1 in --json) cp "$report" "$2";; esac; shift; done\n'
+    )
+    nmt.chmod(0o755)
+    return nmt
+
+
+def _run(tmp_path: Path, peer: Path, *extra: str, nmt: str | None = None) -> subprocess.CompletedProcess:
     config = tiny_config(tmp_path)
-    nmt = f"{sys.executable} -m nmt"
+    nmt = nmt or str(_fake_nmt(tmp_path, 300))
     args = ["--config", str(config), "--peer", str(peer), "--nmt", nmt, "--updates", "2", *extra]
     return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=ROOT)
 
@@ -52,21 +74,25 @@ def _run(tmp_path: Path, peer: Path, *extra: str) -> subprocess.CompletedProcess
 def test_sitting_prints_each_pair_and_the_median_ratio(tmp_path):
     peer = _fake_peer(tmp_path, 'echo "fairseq 0.12 training: 250 target tokens/s (median of 5 intervals)"')
     out = tmp_path / "sitting.json"
-    done = _run(tmp_path, peer, "--pairs", "2", "--json", str(out))
+    done = _run(tmp_path, peer, "--pairs", "3", "--json", str(out), nmt=str(_fake_nmt(tmp_path, 300, 1000, 500)))
     assert done.returncode == 0, done.stderr
     report = json.loads(out.read_text())
-    assert [p["peer"] for p in report["pairs"]] == [250.0, 250.0]
-    ratios = [p["nmt"] / 250.0 for p in report["pairs"]]
-    assert report["summary"]["median_ratio"] == pytest.approx(sum(ratios) / 2)
-    lines = [line for line in done.stdout.splitlines() if line.startswith("pair ")]
-    assert len(lines) == 2
-    for line, ratio in zip(lines, ratios):
-        assert re.search(r"fairseq 250: ([0-9.]+)x$", line).group(1) == f"{ratio:.2f}"
-    assert done.stdout.splitlines()[-1].startswith(f"median {report['summary']['median_ratio']:.2f}x over 2 pairs")
+    assert [(p["nmt"], p["peer"]) for p in report["pairs"]] == [(300, 250.0), (1000, 250.0), (500, 250.0)]
+    assert report["summary"] == {"count": 3, "median_ratio": 2.0, "min_ratio": 1.2, "max_ratio": 4.0}
+    assert done.stdout.splitlines()[1:] == [
+        "# machine: a stand-in CPU; nmt precision fp32",
+        "pair 1: nmt 300 target tokens/s (25% of the fp32 matmul peak, 80 GFLOP/s), fairseq 250: 1.20x",
+        "pair 2: nmt 1,000 target tokens/s (25% of the fp32 matmul peak, 80 GFLOP/s), fairseq 250: 4.00x",
+        "pair 3: nmt 500 target tokens/s (25% of the fp32 matmul peak, 80 GFLOP/s), fairseq 250: 2.00x",
+        "median 2.00x over 3 pairs (1.20-4.00x)",
+    ]
+    bench = f"bench --config {tmp_path / 'tiny.yaml'} --set train.max_tokens=4096 --updates 2 --decode-sentences 1"
+    assert [call.split(" --json ")[0] for call in (tmp_path / "nmt_calls").read_text().splitlines()] == [bench] * 3
 
 
 def test_relative_config_and_nmt_are_to_the_callers_directory(tmp_path):
-    """As for any command: nmt bench ran in the repository and looked for a relative --config there."""
+    """As for any command: nmt bench ran in the repository and looked for a relative --config there.
+    The one sitting with the real ``nmt bench``: its report is what the script reads."""
     tiny_config(tmp_path)
     peer = _fake_peer(tmp_path, 'echo "fairseq 0.12 training: 250 target tokens/s"')
     (tmp_path / "bin").mkdir()
@@ -74,10 +100,18 @@ def test_relative_config_and_nmt_are_to_the_callers_directory(tmp_path):
     nmt.write_text(f'#!/usr/bin/env bash\nexec {sys.executable} -m nmt "$@"\n')
     nmt.chmod(0o755)
     args = ["--config", "tiny.yaml", "--nmt", "bin/nmt", "--peer", peer.name, "--updates", "2", "--pairs", "1"]
+    args += ["--json", "sitting.json"]
     env = {**os.environ, "PYTHONPATH": str(ROOT)}  # this checkout's nmt, wherever the command runs
     done = subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert done.returncode == 0, done.stderr
-    assert done.stdout.splitlines()[-1].startswith("median ")
+    [pair] = json.loads((tmp_path / "sitting.json").read_text())["pairs"]
+    assert pair["nmt"] > 0 and pair["peer"] == 250.0 and pair["precision"] == "fp32"
+    ratio = pair["nmt"] / 250.0
+    assert re.fullmatch(
+        rf"pair 1: nmt .* target tokens/s \(\d+% of the fp32 matmul peak, \d+ GFLOP/s\), fairseq 250: {ratio:.2f}x",
+        done.stdout.splitlines()[-2],
+    )
+    assert done.stdout.splitlines()[-1] == f"median {ratio:.2f}x over 1 pairs ({ratio:.2f}-{ratio:.2f}x)"
 
 
 def test_failing_peer_is_one_line_naming_it(tmp_path):
