@@ -1,6 +1,8 @@
 """The run directory has one owner: a training lock, readers that never delete or rewrite, outputs
 that never destroy inputs, mismatches that are one-line errors, and a translate that streams.
-Each case goes through the real ``nmt`` command in a subprocess."""
+Each case goes through the real ``nmt`` command: in a subprocess where it needs one of its own (a
+lock another process holds, a signal, stdin, closed standard streams, dropped permissions), else in
+this process."""
 
 from __future__ import annotations
 
@@ -25,10 +27,20 @@ from nmt.rundir import RunDir
 from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
 
 
-def nmt(*args, cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "nmt", *map(str, args)], capture_output=True, text=True, cwd=cwd, timeout=timeout
-    )
+@pytest.fixture
+def cli(capsys):
+    """``nmt ARGS`` in this process, ended as the command would have: for a refusal, a message or an
+    exit code that needs no process of its own (each one imports torch anew, about a second)."""
+
+    def run(*args) -> subprocess.CompletedProcess:
+        try:
+            code = main([str(a) for a in args])
+        except SystemExit as e:  # argparse's usage errors
+            code = e.code
+        out, err = capsys.readouterr()
+        return subprocess.CompletedProcess(args, code, out, err)
+
+    return run
 
 
 def one_line_error(done: subprocess.CompletedProcess, *expected: str) -> str:
@@ -75,7 +87,7 @@ def wait_for(condition, proc: subprocess.Popen, timeout: float = 120) -> None:
         time.sleep(0.05)
 
 
-def test_second_trainer_is_refused_naming_the_holder(tmp_path):
+def test_second_trainer_is_refused_naming_the_holder(tmp_path, cli):
     config = tiny_config(tmp_path, max_updates=100_000, validate_every=100_000)
     first = start_training(config)
     try:
@@ -83,7 +95,7 @@ def test_second_trainer_is_refused_naming_the_holder(tmp_path):
         wait_for(lambda: lock.exists() and lock.read_text().strip(), first)
         metrics = tmp_path / "run" / "metrics.jsonl"
         wait_for(lambda: metrics.exists() and metrics.stat().st_size > 0, first)
-        done = nmt("train", "--config", config)
+        done = cli("train", "--config", config)
         one_line_error(done, "another 'nmt train' is training this run", f"pid {first.pid}", socket.gethostname())
         assert first.poll() is None  # the first one trains on, untouched
     finally:
@@ -92,7 +104,7 @@ def test_second_trainer_is_refused_naming_the_holder(tmp_path):
     assert first.returncode == 143
 
 
-def test_a_killed_trainers_lock_never_blocks_the_resume(tmp_path):
+def test_a_killed_trainers_lock_never_blocks_the_resume(tmp_path, cli):
     config = tiny_config(tmp_path, max_updates=100_000, validate_every=5)
     proc = start_training(config)
     checkpoints = tmp_path / "run" / "checkpoints"
@@ -100,7 +112,7 @@ def test_a_killed_trainers_lock_never_blocks_the_resume(tmp_path):
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert "pid" in (tmp_path / "run" / "train.lock").read_text()  # the dead holder is still named in the file
-    done = nmt("train", "--config", config, "--set", "train.max_updates=12")
+    done = cli("train", "--config", config, "--set", "train.max_updates=12")
     assert done.returncode == 0, done.stderr
     assert "resuming at update" in done.stderr
 
@@ -120,19 +132,19 @@ def test_a_trainer_refused_by_another_command_names_that_command(trained, tmp_pa
         holder.close()
 
 
-def test_readers_never_delete_or_write_in_the_run(trained, tmp_path):
+def test_readers_never_delete_or_write_in_the_run(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     torn = run / "checkpoints" / ".update_00000099.pt.tmp4242"  # as a trainer writing right now leaves it
     torn.write_bytes(b"half a checkpoint")
     before = snapshot(run)
     out = tmp_path / "out.en"
-    assert nmt("translate", "--model", run, "-i", trained / "data" / "train.de", "-o", out).returncode == 0
-    done = nmt(
+    assert cli("translate", "--model", run, "-i", trained / "data" / "train.de", "-o", out).returncode == 0
+    done = cli(
         "eval-bleu", "--model", run, "--src", trained / "data" / "train.de", "--ref", trained / "data" / "train.en"
     )
     assert done.returncode == 0, done.stderr
-    assert nmt("compare", run, "--out", tmp_path / "report").returncode == 0
-    assert nmt("plot", run, "--out", tmp_path / "figures").returncode == 0
+    assert cli("compare", run, "--out", tmp_path / "report").returncode == 0
+    assert cli("plot", run, "--out", tmp_path / "figures").returncode == 0
     assert snapshot(run) == before
 
 
@@ -167,7 +179,7 @@ def test_a_best_checkpoint_the_trainer_replaces_as_translate_picks_it_gives_the_
 # ---------------------------------------------------------------------------- outputs and inputs
 
 
-def test_an_output_that_is_an_input_is_refused_however_it_is_named(trained, tmp_path):
+def test_an_output_that_is_an_input_is_refused_however_it_is_named(trained, tmp_path, monkeypatch, cli):
     src = tmp_path / "test.de"
     shutil.copy(trained / "data" / "train.de", src)
     (tmp_path / "link.de").symlink_to(src)
@@ -176,24 +188,25 @@ def test_an_output_that_is_an_input_is_refused_however_it_is_named(trained, tmp_
     content = src.read_bytes()
     run = trained / "run"
     for output, cwd in (
-        (src, None),
+        (src, tmp_path),
         ("../test.de", tmp_path / "sub"),
-        (tmp_path / "link.de", None),
-        (tmp_path / "hard.de", None),
+        (tmp_path / "link.de", tmp_path),
+        (tmp_path / "hard.de", tmp_path),
     ):
-        done = nmt("translate", "--model", run, "-i", src, "-o", output, cwd=cwd)
+        monkeypatch.chdir(cwd)
+        done = cli("translate", "--model", run, "-i", src, "-o", output)
         one_line_error(done, "--output", "is the input")
         assert src.read_bytes() == content
     ref = tmp_path / "ref.en"
     shutil.copy(trained / "data" / "train.en", ref)
-    done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", ref)
+    done = cli("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", ref)
     one_line_error(done, "--output", "is the input")
     assert ref.read_bytes() == (trained / "data" / "train.en").read_bytes()
-    done = nmt("translate", "--model", run, "-i", src, "-o", run / "spm.model")
+    done = cli("translate", "--model", run, "-i", src, "-o", run / "spm.model")
     one_line_error(done, "is the input")
 
 
-def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_path):
+def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     [best] = (run / "checkpoints").glob("best_*.pt")
     src, ref = trained / "data" / "train.de", trained / "data" / "train.en"
@@ -208,14 +221,14 @@ def test_an_output_that_is_one_of_the_runs_own_files_is_refused(trained, tmp_pat
         best.with_name(best.name + ".sha256"),
         run / "checkpoints" / "notes.txt",
     ):
-        done = nmt("translate", "--model", run, "-i", src, "-o", output)
+        done = cli("translate", "--model", run, "-i", src, "-o", output)
         one_line_error(done, f"--output {output}: ", "the run's own", "choose another file")
-    done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "metrics.jsonl")
+    done = cli("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "metrics.jsonl")
     one_line_error(done, "--output", "is the run's own metrics.jsonl")
     assert snapshot(run) == before
     # A new file of the user's in the run directory is fine, and so is writing it again.
     for _ in range(2):
-        done = nmt("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "test.hyp")
+        done = cli("eval-bleu", "--model", run, "--src", src, "--ref", ref, "--output", run / "test.hyp")
         assert done.returncode == 0, done.stderr
     assert (run / "test.hyp").read_text().splitlines() == [t for _, t in PAIRS]
 
@@ -259,30 +272,23 @@ def test_an_unwritable_file_of_the_run_is_a_one_line_error_naming_it(trained, tm
     assert "error:" in error and said in error and named, done.stderr
 
 
-def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path):
+def test_unwritable_outputs_are_refused_before_any_work(trained, tmp_path, cli):
     src = trained / "data" / "train.de"
-    done = nmt("translate", "--model", trained / "run", "-i", src, "-o", tmp_path / "missing" / "out.en")
+    done = cli("translate", "--model", trained / "run", "-i", src, "-o", tmp_path / "missing" / "out.en")
     one_line_error(done, "does not exist")
     (tmp_path / "report.md").write_text("mine")
-    done = nmt("compare", trained / "run", "--out", tmp_path / "report.md")
+    done = cli("compare", trained / "run", "--out", tmp_path / "report.md")
     one_line_error(done, "--out", "not a directory")
     assert (tmp_path / "report.md").read_text() == "mine"
-    done = nmt("compare", trained / "run", "--out", trained / "run" / "report")
+    done = cli("compare", trained / "run", "--out", trained / "run" / "report")
     one_line_error(done, "inside the run directory")
 
 
-def test_a_pipe_or_device_output_is_written_through_not_replaced(trained, tmp_path):
+def test_a_pipe_or_device_output_is_written_through_not_replaced(trained, tmp_path, cli):
     src, ref = trained / "data" / "train.de", trained / "data" / "train.en"
     read_end, write_end = os.pipe()  # what `--output >(wc -l)` names: /dev/fd/N
     with os.fdopen(read_end, "rb") as pipe:
-        done = subprocess.run(
-            [sys.executable, "-m", "nmt", "translate", "--model", str(trained / "run"), "-i", str(src)]
-            + ["-o", f"/dev/fd/{write_end}", "--beam-size", "1"],
-            capture_output=True,
-            text=True,
-            pass_fds=[write_end],
-            timeout=300,
-        )
+        done = cli("translate", "--model", trained / "run", "-i", src, "-o", f"/dev/fd/{write_end}", "--beam-size", "1")
         os.close(write_end)
         assert done.returncode == 0, done.stderr
         assert pipe.read().decode().splitlines() == [t for _, t in PAIRS]
@@ -291,7 +297,7 @@ def test_a_pipe_or_device_output_is_written_through_not_replaced(trained, tmp_pa
     received = []
     reader = threading.Thread(target=lambda: received.append(fifo.read_text()), daemon=True)
     reader.start()
-    done = nmt("eval-bleu", "--model", trained / "run", "--src", src, "--ref", ref, "--output", fifo, "--json")
+    done = cli("eval-bleu", "--model", trained / "run", "--src", src, "--ref", ref, "--output", fifo, "--json")
     assert done.returncode == 0, done.stderr
     assert '"bleu": 100.0' in done.stdout  # scored what it translated: a FIFO cannot give it back
     reader.join(timeout=60)
@@ -299,19 +305,20 @@ def test_a_pipe_or_device_output_is_written_through_not_replaced(trained, tmp_pa
 
 
 @pytest.mark.skipif(not os.path.exists("/proc/version"), reason="needs Linux's /proc")
-def test_an_output_that_cannot_be_written_is_refused_before_translating(trained):
-    done = nmt("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", "/proc/version")
+def test_an_output_that_cannot_be_written_is_refused_before_translating(trained, cli):
+    done = cli("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", "/proc/version")
     one_line_error(done, "--output /proc/version", "no file can be written in /proc")
 
 
-def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path):
+def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path, monkeypatch, cli):
     config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
     mine = tmp_path / "config.yaml"
     values = yaml.safe_load(config.read_text())
     values["run_dir"] = "."
     mine.write_text("# my own notes\n" + yaml.safe_dump(values))
     text = mine.read_bytes()
-    done = nmt("train", "--config", "config.yaml", cwd=tmp_path)
+    monkeypatch.chdir(tmp_path)
+    done = cli("train", "--config", "config.yaml")
     one_line_error(
         done, "config.yaml: run_dir is this config file's own directory", "never rewrites a config you wrote"
     )
@@ -319,12 +326,12 @@ def test_a_config_in_its_own_run_directory_is_never_rewritten(tmp_path):
     # The run's own resolved config, by contrast, resumes the run.
     values["run_dir"] = "run"
     mine.write_text(yaml.safe_dump(values))
-    assert nmt("train", "--config", mine).returncode == 0
-    assert nmt("train", "--config", tmp_path / "run" / "config.yaml", "--set", "train.max_updates=7").returncode == 0
+    assert cli("train", "--config", mine).returncode == 0
+    assert cli("train", "--config", tmp_path / "run" / "config.yaml", "--set", "train.max_updates=7").returncode == 0
     assert RunDir.existing(tmp_path / "run").config().train.max_updates == 7
 
 
-def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_writing(tmp_path):
+def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_writing(tmp_path, cli):
     # The corpus is DATA/train.{de,en}: a run_dir of DATA's parent would put its shards' data/train/
     # beside those files, and DATA/train itself would be read as a dataset directory.
     made = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
@@ -333,28 +340,28 @@ def test_a_run_dir_that_would_write_where_the_corpus_is_read_is_refused_before_w
     made.rename(config)
     before = snapshot(tmp_path / "data")
     one_line_error(
-        nmt("train", "--config", config, "--set", f"run_dir={tmp_path}"),
+        cli("train", "--config", config, "--set", f"run_dir={tmp_path}"),
         "config key 'run_dir'",
         "the run's own data/ would be data.train's corpus",
     )
     one_line_error(
-        nmt("train", "--config", config, "--set", f"run_dir={tmp_path / 'data' / 'train'}"),
+        cli("train", "--config", config, "--set", f"run_dir={tmp_path / 'data' / 'train'}"),
         "is or lies in data.train's corpus path",
     )
     assert sorted(p.name for p in (tmp_path / "data").iterdir()) == ["train.de", "train.en"]
     assert snapshot(tmp_path / "data") == before
     # Another run on the same data is unharmed.
-    assert nmt("train", "--config", config).returncode == 0
+    assert cli("train", "--config", config).returncode == 0
 
 
-def test_a_run_dir_in_another_runs_own_directories_is_refused_before_writing(trained, tmp_path):
+def test_a_run_dir_in_another_runs_own_directories_is_refused_before_writing(trained, tmp_path, cli):
     # The other run writes and deletes files in its data/ and checkpoints/: a run there was lost
     # when the other one encoded its training data again.
     other = copy_run(trained, tmp_path)
     before = snapshot(other)
     for inside, where in (("data/train/nested", "lies in"), ("checkpoints/nested", "lies in"), ("data", "is")):
         one_line_error(
-            nmt("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={other / inside}"),
+            cli("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={other / inside}"),
             "config key 'run_dir'",
             f"{where} the run {other}'s own {Path(inside).parts[0]}/",
         )
@@ -362,29 +369,29 @@ def test_a_run_dir_in_another_runs_own_directories_is_refused_before_writing(tra
     # A data/ directory that is no run's is a place like any other.
     elsewhere = tmp_path / "project" / "data" / "a"
     elsewhere.parent.mkdir(parents=True)
-    assert nmt("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={elsewhere}").returncode == 0
+    assert cli("prepare", "--config", trained / "tiny.yaml", "--set", f"run_dir={elsewhere}").returncode == 0
 
 
-def test_a_runs_config_copied_as_a_template_does_not_train_into_its_own_directory(tmp_path):
+def test_a_runs_config_copied_as_a_template_does_not_train_into_its_own_directory(tmp_path, cli):
     # Two copies of a resolved config (run_dir: .) in one directory would otherwise train one run
     # there, the second silently resuming the first's checkpoints with its own settings.
     config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=1)
-    assert nmt("train", "--config", config).returncode == 0
+    assert cli("train", "--config", config).returncode == 0
     templates = tmp_path / "templates"
     templates.mkdir()
     for name in ("a.yaml", "b.yaml"):
         shutil.copy(tmp_path / "run" / "config.yaml", templates / name)
     one_line_error(
-        nmt("train", "--config", templates / "a.yaml"),
+        cli("train", "--config", templates / "a.yaml"),
         "a.yaml: run_dir is this config file's own directory, and the file is not the config.yaml of a run there",
     )
     assert sorted(p.name for p in templates.iterdir()) == ["a.yaml", "b.yaml"]
     # The run's own config.yaml, reached through a symlink to the run, still resumes it.
     (tmp_path / "link").symlink_to(tmp_path / "run")
-    assert nmt("train", "--config", tmp_path / "link" / "config.yaml", "--set", "train.max_updates=6").returncode == 0
+    assert cli("train", "--config", tmp_path / "link" / "config.yaml", "--set", "train.max_updates=6").returncode == 0
 
 
-def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tmp_path):
+def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tmp_path, cli):
     # A run's config.yaml names its corpora by absolute path: after the project moves (here: OLD to
     # NEW), resuming it, or reading its dev or test set, says which key to give the new place with.
     gone, data = tmp_path / "old" / "data" / "train", tmp_path / "new" / "data" / "train"
@@ -393,12 +400,12 @@ def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tm
     saved = run / "config.yaml"
     saved.write_text(saved.read_text().replace(str(trained / "data"), str(gone.parent)))
     one_line_error(
-        nmt("train", "--config", saved),
+        cli("train", "--config", saved),
         f"config.yaml: config key 'data.train.path': no corpus at {gone}, which this run's saved config",
         "if the data moved, give its new place with --set data.train.path=NEW_DIR/train",
     )
     one_line_error(
-        nmt("tune-decode", "--model", run, "--beam-sizes", "1"),
+        cli("tune-decode", "--model", run, "--beam-sizes", "1"),
         "config key 'data.dev.path'",
         f"with 'nmt prepare --config {saved} --set data.train.path=NEW_DIR/train",
     )
@@ -406,11 +413,11 @@ def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tm
     mine = yaml.safe_load((trained / "tiny.yaml").read_text())
     mine["data"].update(train=str(gone), dev=str(gone), test=str(gone))
     (tmp_path / "mine.yaml").write_text(yaml.safe_dump(mine))
-    done = nmt("prepare", "--config", tmp_path / "mine.yaml", "--set", f"run_dir={tmp_path / 'other'}")
+    done = cli("prepare", "--config", tmp_path / "mine.yaml", "--set", f"run_dir={tmp_path / 'other'}")
     assert "no such corpus" in one_line_error(done) and "NEW_DIR" not in done.stderr
     # The hint works: prepare reads the data from its new place and records it in the run's config.
     new_place = [a for split in ("train", "dev", "test") for a in ("--set", f"data.{split}.path={data}")]
-    assert nmt("prepare", "--config", saved, *new_place).returncode == 0
+    assert cli("prepare", "--config", saved, *new_place).returncode == 0
     assert RunDir.existing(run).config().data.dev.path == str(data)
 
 
@@ -446,7 +453,7 @@ def test_a_moved_projects_synthetic_corpus_is_not_written_again_at_its_old_place
 # ---------------------------------------------------------------------------- mismatches
 
 
-def test_a_swapped_tokenizer_of_the_same_size_is_named(trained, tmp_path):
+def test_a_swapped_tokenizer_of_the_same_size_is_named(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     other = [(s + " und so weiter", t + " and so on") for s, t in PAIRS]
     cfg = TokenizerConfig(type="bpe", vocab_size=60)
@@ -454,16 +461,16 @@ def test_a_swapped_tokenizer_of_the_same_size_is_named(trained, tmp_path):
         cfg, [s for s, _ in other], [t for _, t in other], tmp_path / "o.model", tmp_path / "o.model"
     )
     shutil.copy(tmp_path / "o.model", run / "spm.model")
-    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    done = cli("translate", "--model", run, "-i", trained / "data" / "train.de")
     one_line_error(done, "spm.model is not the SentencePiece model it was trained with", "best_")
 
 
-def test_a_changed_config_is_named_with_its_key(trained, tmp_path):
+def test_a_changed_config_is_named_with_its_key(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     values = yaml.safe_load((run / "config.yaml").read_text())
     values["model"]["ff_size"] = 256
     (run / "config.yaml").write_text(yaml.safe_dump(values))
-    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    done = cli("translate", "--model", run, "-i", trained / "data" / "train.de")
     one_line_error(done, "model.ff_size is 128 in the checkpoint, 256 in config.yaml")
 
 
@@ -499,7 +506,7 @@ def test_a_training_setting_refused_since_the_run_trained_does_not_stop_using_it
     assert len(err.splitlines()) == 1 and f"config key '{key}'" in err, err
 
 
-def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(trained, tmp_path):
+def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(trained, tmp_path, cli):
     # best_*.pt deleted to save disk, or left out of a copy: 'auto' used to fall back silently to the
     # averaged model or the newest training state, another model than the README promises.
     run = copy_run(trained, tmp_path)
@@ -509,20 +516,20 @@ def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(traine
     source.write_text(PAIRS[0][0] + "\n")
     for which in ("auto", "best"):
         one_line_error(
-            nmt("translate", "--model", run, "--checkpoint", which, "--input", source),
+            cli("translate", "--model", run, "--checkpoint", which, "--input", source),
             "checkpoints/best_0000",
             "the run's best checkpoint (recorded in index.json) is missing",
             "--checkpoint last",
         )
-    assert nmt("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
+    assert cli("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
 
 
-def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path):
+def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     [best] = (run / "checkpoints").glob("best_*.pt")
     best.write_bytes(os.urandom(20_000))
     best.with_name(best.name + ".sha256").unlink()
-    done = nmt("translate", "--model", run, "-i", trained / "data" / "train.de")
+    done = cli("translate", "--model", run, "-i", trained / "data" / "train.de")
     err = one_line_error(done, "not a checkpoint", "damaged")
     assert "Python objects" not in err
 
@@ -665,17 +672,17 @@ def test_stdin_or_a_pipe_input_is_translated_with_a_progress_bar_on_a_terminal(t
     assert out.read_text().splitlines() == [t for _, t in PAIRS]
 
 
-def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path):
+def test_a_complete_translation_removes_an_earlier_partial_one(trained, tmp_path, cli):
     out = tmp_path / "out.en"
     (tmp_path / "out.en.partial").write_text("the prefix an interrupted run kept\n")
-    done = nmt("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", out)
+    done = cli("translate", "--model", trained / "run", "-i", trained / "data" / "train.de", "-o", out)
     assert done.returncode == 0, done.stderr
     assert out.read_text().splitlines() == [t for _, t in PAIRS]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["out.en"]
 
 
-def test_nbest_beyond_the_beam_is_an_error(trained):
-    done = nmt(
+def test_nbest_beyond_the_beam_is_an_error(trained, cli):
+    done = cli(
         "translate", "--model", trained / "run", "--nbest", "5", "--beam-size", "3", "-i", trained / "data" / "train.de"
     )
     one_line_error(done, "--nbest 5 is more than the beam size 3")
