@@ -485,6 +485,7 @@ def test_exit_rank_flushes_output_and_keeps_the_exit_code():
     exit status must be the run's, since torchrun judges the job by it."""
     code = "import sys; from nmt.distributed import exit_rank; print('done'); sys.stderr.write('note'); exit_rank(143)"
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # output to a pipe is then buffered
+    env["PYTHONPATH"] = str(Path(__file__).parent.parent)  # this checkout's nmt, whatever the working directory
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert (done.returncode, done.stdout, done.stderr) == (143, "done\n", "note")
 
@@ -554,9 +555,10 @@ def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_p
     the reporting rank's message short (it printed 'interrupted' instead, CI saw it once)."""
     script = tmp_path / "quiet.py"
     script.write_text(_QUIET_RANK)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}  # this checkout's nmt, not an installed one
     failed = tmp_path / "failed"
     waiting = subprocess.Popen(
-        [sys.executable, str(script), "600", "wait", "", failed], stderr=subprocess.PIPE, text=True
+        [sys.executable, str(script), "600", "wait", "", failed], env=env, stderr=subprocess.PIPE, text=True
     )
     try:
         deadline = time.monotonic() + 120
@@ -570,11 +572,16 @@ def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_p
         waiting.kill()
     # Nobody stopped it: after the wait it says what it knows; for a signal it does not wait at all.
     late = subprocess.run(
-        [sys.executable, str(script), "0.5", "wait", "rank 1: no GPU 1", failed], capture_output=True, text=True
+        [sys.executable, str(script), "0.5", "wait", "rank 1: no GPU 1", failed],
+        env=env,
+        capture_output=True,
+        text=True,
     )
     assert (late.returncode, late.stderr) == (2, "nmt train: error: rank 1: no GPU 1\n")
     start = time.monotonic()
-    signal_stop = subprocess.run([sys.executable, str(script), "600", "no", "", failed], capture_output=True, text=True)
+    signal_stop = subprocess.run(
+        [sys.executable, str(script), "600", "no", "", failed], env=env, capture_output=True, text=True
+    )
     assert signal_stop.returncode == 2 and signal_stop.stderr == "" and time.monotonic() - start < 120
 
 
