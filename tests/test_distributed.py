@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -116,51 +117,74 @@ def test_two_gloo_ranks_equal_one_process_on_the_same_global_batches(setup, libr
     assert not log.count("model:") > 1  # rank 0 alone writes the log
 
 
-def test_resume_with_a_different_number_of_ranks(setup):
-    root, config, _, _, env = setup
-    resumed = _run_dir(setup, "resumed")
-    _train(config, resumed + ["train.accumulate=1", "train.max_updates=3"], 2, env)
-    assert checkpoint.load(root / "resumed" / "checkpoints" / "update_00000003.pt")["progress"]["world_size"] == 2
-    _train(config, resumed + ["train.accumulate=2"], 1, env)  # the same global batch on one process
-    assert _max_diff(_weights(root / "resumed", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
-    log = (root / "resumed" / "train.log").read_text()
-    assert "resuming at update 3" in log
-    assert "resuming on 1 process, not 2: an update still takes 2 batches (train.accumulate 2 x 1)" in log
+@dataclass(frozen=True)
+class StoppedAndResumed:
+    """Two ranks stopped by SIGTERM in the validation due at update 3, then resumed on one process."""
+
+    run: Path
+    stopped_stderr: str
+    validation_steps: int  # of the stopped validation, each where rank 0 looks for a signal
+    progress_at_3: dict | None  # as the stop left it, before the resumed run wrote its own; None: no checkpoint
+    resumed_stderr: str
 
 
-def _reference(setup) -> Path:
-    """One process with ``train.accumulate: 2``: what two ranks with 1 must equal."""
-    root, config, _, _, env = setup
-    if not (root / "single").exists():
-        _train(config, _run_dir(setup, "single") + ["train.accumulate=2"], 1, env)
-    return root / "single"
-
-
-def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup):
+@pytest.fixture(scope="module")
+def stopped_and_resumed(setup) -> StoppedAndResumed:
+    """The resume tests share one such run: a torchrun job and a resumed process cost seconds each."""
     # torchrun passes the signal on and kills the ranks 30 s later: rank 0 gives the validation up
     # at its next batch, where it would otherwise have decoded the whole dev set first.
     root, config, _, _, env = setup
     steps = root / "validation-steps"
-    sets = _run_dir(setup, "stopped") + ["train.accumulate=1", "train.validate_every=3", "decode.batch_tokens=64"]
+    sets = _run_dir(setup, "stopped") + ["train.fp32_matmul=blas", "train.validate_every=3"]
     slow = {**env, "NMT_TEST_SLOW_VALIDATION": f"1:{steps}"}
-    proc = subprocess.Popen(_command(config, sets, 2), env=slow, stderr=subprocess.PIPE, text=True)
+    cmd = _command(config, sets + ["train.accumulate=1", "decode.batch_tokens=64"], 2)
+    proc = subprocess.Popen(cmd, env=slow, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not steps.exists():
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.05)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
+    at_3 = root / "stopped" / "checkpoints" / "update_00000003.pt"
+    progress = checkpoint.load(at_3)["progress"] if at_3.exists() else None  # the tests say what is wrong
+    # Resumed on one process with the same global batches.
+    resumed = _train(config, sets + ["train.accumulate=2"], 1, env)
+    return StoppedAndResumed(root / "stopped", err, len(steps.read_text().splitlines()), progress, resumed)
+
+
+def test_resume_with_a_different_number_of_ranks(setup, stopped_and_resumed):
+    run = stopped_and_resumed
+    assert run.progress_at_3 is not None and run.progress_at_3["world_size"] == 2
+    assert _max_diff(_weights(run.run, UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
+    log = (run.run / "train.log").read_text()
+    assert "resuming at update 3" in log
+    assert "resuming on 1 process, not 2: an update still takes 2 batches (train.accumulate 2 x 1)" in log
+
+
+def _reference(setup) -> Path:
+    """One process with ``train.accumulate: 2`` and BLAS products, what two ranks with 1 must equal: the
+    equivalence test's run where it has made it, else one like it."""
+    root, config, _, _, env = setup
+    for run in (root / "single-blas", root / "single"):
+        if (run / "checkpoints" / f"update_{UPDATES:08d}.pt").exists():
+            return run
+    _train(config, _run_dir(setup, "single") + ["train.accumulate=2", "train.fp32_matmul=blas"], 1, env)
+    return root / "single"
+
+
+def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup, stopped_and_resumed):
+    run = stopped_and_resumed
+    err = run.stopped_stderr
     assert err.count("SIGTERM received: checkpoint written at update 3") == 1, err[-3000:]  # rank 0 says it
     assert "resume with the same torchrun options (2 processes): torchrun ... -m nmt train --config" in err
     assert "[rank" not in err  # no rank's traceback (torchrun prefixes them; its own, for the signal, stays)
-    assert len(steps.read_text().splitlines()) <= 2  # of dozens of decoding batches
-    state = checkpoint.load(root / "stopped" / "checkpoints" / "update_00000003.pt")
-    assert state["progress"]["last_validated"] != 3
+    assert run.validation_steps <= 2  # of dozens of decoding batches
+    assert run.progress_at_3 is not None and run.progress_at_3["last_validated"] != 3
 
-    # Resumed on one process with the same global batches: the update it stopped at is validated first.
-    log = _train(config, sets[:-3] + ["train.accumulate=2", "train.validate_every=3"], 1, env)
+    # Resumed, the update it stopped at is validated first.
+    log = run.resumed_stderr
     assert log.index("validation at update 3:") < log.index("validation at update 6:")
-    assert _max_diff(_weights(root / "stopped", UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
+    assert _max_diff(_weights(run.run, UPDATES), _weights(_reference(setup), UPDATES)) <= 1e-5
 
 
 # Each rank: the timeout nmt gives the default group (none: PyTorch's default) and the solo-work group's;
