@@ -59,6 +59,23 @@ def _train(config: Path, sets: list[str], nproc: int, env: dict) -> str:
     return done.stderr
 
 
+def _train_at_once(config: Path, runs: list[tuple[list[str], int, dict]]) -> None:
+    """``_train`` for each of ``runs`` (sets, processes, environment), all started at once: one
+    process imports torch while torchrun's launcher does, which uses one core alone."""
+    started = [
+        subprocess.Popen(_command(config, sets, nproc), env=env, stderr=subprocess.PIPE, text=True)
+        for sets, nproc, env in runs
+    ]
+    try:
+        for process in started:
+            err = process.communicate(timeout=240)[1]
+            assert process.returncode == 0, err[-3000:]
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+
+
 def _weights(run_dir: Path, update: int) -> dict[str, torch.Tensor]:
     return checkpoint.load(run_dir / "checkpoints" / f"update_{update:08d}.pt")["model"]
 
@@ -101,11 +118,11 @@ def test_two_gloo_ranks_equal_one_process_on_the_same_global_batches(setup, libr
         pytest.skip("this torch build has no oneDNN products")
     root, config, _, _, env = setup
     single = _run_dir(setup, f"single-{library}") + [f"train.fp32_matmul={library}"]
-    _train(config, single + ["train.accumulate=2"], 1, env)
     digests = root / f"digests-{library}"
     digests.mkdir()
     ddp = _run_dir(setup, f"ddp-{library}") + [f"train.fp32_matmul={library}"]
-    _train(config, ddp + ["train.accumulate=1"], 2, {**env, "NMT_TEST_PARAM_DIGESTS": str(digests)})
+    with_digests = {**env, "NMT_TEST_PARAM_DIGESTS": str(digests)}
+    _train_at_once(config, [(single + ["train.accumulate=2"], 1, env), (ddp + ["train.accumulate=1"], 2, with_digests)])
 
     rank0 = (digests / "rank0.txt").read_text().splitlines()
     rank1 = (digests / "rank1.txt").read_text().splitlines()
@@ -580,11 +597,19 @@ def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_p
     script = tmp_path / "quiet.py"
     script.write_text(_QUIET_RANK)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent)}  # this checkout's nmt, not an installed one
-    failed = tmp_path / "failed"
-    waiting = subprocess.Popen(
-        [sys.executable, str(script), "600", "wait", "", failed], env=env, stderr=subprocess.PIPE, text=True
-    )
+
+    def rank(report_wait_s: str, wait: str, fallback: str, failed: str) -> subprocess.Popen:
+        command = [sys.executable, str(script), report_wait_s, wait, fallback, str(tmp_path / failed)]
+        return subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
+
+    # The three at once: each pays a second to import torch, and the first then waits 2 s anyway.
+    waiting = rank("600", "wait", "", "failed")
+    # Nobody stopped it: after the wait it says what it knows; for a signal it does not wait at all.
+    late = rank("0.5", "wait", "rank 1: no GPU 1", "failed-late")
+    start = time.monotonic()
+    signal_stop = rank("600", "no", "", "failed-signal")
     try:
+        failed = tmp_path / "failed"
         deadline = time.monotonic() + 120
         while not failed.exists() and time.monotonic() < deadline:
             time.sleep(0.1)
@@ -592,21 +617,15 @@ def test_a_quiet_rank_stays_until_torchrun_stops_it_so_the_report_gets_out(tmp_p
         assert failed.exists() and waiting.poll() is None  # failed, and now waiting
         waiting.terminate()  # as torchrun does once the reporting rank has exited
         assert waiting.wait(timeout=30) == -signal.SIGTERM and waiting.stderr.read() == ""
+        said = late.communicate(timeout=120)[1]
+        assert (late.returncode, said) == (2, "nmt train: error: rank 1: no GPU 1\n")
+        said = signal_stop.communicate(timeout=120)[1]
+        assert signal_stop.returncode == 2 and said == ""
+        assert time.monotonic() - start < 120
     finally:
-        waiting.kill()
-    # Nobody stopped it: after the wait it says what it knows; for a signal it does not wait at all.
-    late = subprocess.run(
-        [sys.executable, str(script), "0.5", "wait", "rank 1: no GPU 1", failed],
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert (late.returncode, late.stderr) == (2, "nmt train: error: rank 1: no GPU 1\n")
-    start = time.monotonic()
-    signal_stop = subprocess.run(
-        [sys.executable, str(script), "600", "no", "", failed], env=env, capture_output=True, text=True
-    )
-    assert signal_stop.returncode == 2 and signal_stop.stderr == "" and time.monotonic() - start < 120
+        for process in (waiting, late, signal_stop):
+            process.kill()
+            process.wait()
 
 
 def test_a_rank_given_another_config_is_one_line_from_rank_0(setup, tmp_path):
