@@ -38,6 +38,7 @@ from nmt.kernel_choice import NO_KERNEL, Choice, Request, for_model
 from nmt.kernel_timing import Shape, measure, measures_fp32_matmul, tuning_shape
 from nmt.machine import machine, machine_name, usable_cpus
 from nmt.models.linear import FP32_MATMULS, onednn_available
+from nmt.saved_numbers import is_number
 
 VERSION = 7  # bump when the measurement changes, so old cache entries are not reused
 BUSY_CPU_USE = 0.7  # below this share of threads x wall time in CPU time, the cores were shared
@@ -100,6 +101,7 @@ def _choice_from_entry(entry: object, device: torch.device, request: Request) ->
             fp32_matmul=str(entry["fp32_matmul"]),
             decode_attention=None if entry["decode_attention"] is None else str(entry["decode_attention"]),
             decode_fp32_matmul=None if entry["decode_fp32_matmul"] is None else str(entry["decode_fp32_matmul"]),
+            cpu_use=float(entry["cpu_use"]) if is_number(entry.get("cpu_use")) else None,
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -163,7 +165,9 @@ def choose(
     again, said in the log, and recorded. "start": a run with no training state yet (a new run, or
     a first start that failed before its first state) has nothing to agree with: it chooses, and
     records. "read": a reader of the run (``nmt translate``) decodes in the run's choice where the
-    record holds one for this machine, torch and settings, else as the cache says; it never writes.
+    record holds one for this machine, torch and settings and measured on cores no other job shared
+    (one measured on busy cores chose what they favoured, often one thread), else as the cache says;
+    it never writes.
     """
     check_precision(request.precision, device.type, bf16_available(device))
     request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
@@ -184,7 +188,12 @@ def choose(
     key = cache_key(info, shape, request)
     if run_record is not None and record_use != "start":
         kept = _kept_by_run(run_record, key, device, request, log if record_use == "resume" else None)
-        if kept is not None:
+        if kept is not None and record_use == "read" and measured_busy(kept):
+            log(
+                f"auto: the run's choice was measured while other jobs shared the cores ({kept.cpu_use:.0%} of "
+                "the CPU time its threads would have had alone): decoding in this machine's own"
+            )
+        elif kept is not None:
             return kept
     choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log)
     if run_record is not None and record_use != "read" and not write_cache(run_record, {key: choice.to_dict()}):
@@ -216,6 +225,12 @@ def _kept_by_run(
     return None
 
 
+def measured_busy(choice: Choice) -> bool:
+    """Whether ``choice`` was measured while other jobs shared the cores: its threads count and
+    kernels are then what a busy machine favoured (one thread where the other core was taken)."""
+    return choice.cpu_use is not None and choice.cpu_use < BUSY_CPU_USE
+
+
 def _cached_or_measured(
     request: Request, shape: Shape, device: torch.device, world_threads, key: str, info: dict, cache: Path, log
 ) -> Choice:
@@ -228,7 +243,7 @@ def _cached_or_measured(
     start = time.perf_counter()
     log(f"auto: measuring products/precision/attention/threads on {machine_name(info)} ...")
     choice = measure(request, shape, device, world_threads)
-    if choice.cpu_use is not None and choice.cpu_use < BUSY_CPU_USE:
+    if measured_busy(choice):
         log(
             f"auto: other jobs shared the cores while measuring ({choice.cpu_use:.0%} of the CPU time "
             "its threads would have had alone): used for this run only, not cached"

@@ -216,6 +216,36 @@ def test_a_resumed_run_keeps_the_kernels_it_started_with(tmp_path, monkeypatch):
     assert again.source == "kept" and again.precision == "bf16"
 
 
+def test_a_reader_does_not_decode_in_a_choice_the_run_measured_on_busy_cores(tmp_path, monkeypatch):
+    """A run that started while other jobs shared the cores keeps what they favoured (here one
+    thread, as a Multi30k run did beside another job: then translated at half speed); the run's
+    resumes keep it, but a reader of the run (nmt translate) decodes in this machine's own choice."""
+    picks = iter([(1, 0.45), (2, 0.97), (1, 0.95)])
+
+    def measure(request, shape, device, world_threads=None):
+        threads, use = next(picks)
+        timings = {"threads": {str(threads): 1.0}}
+        return Choice("fp32", "sdpa", threads, timings, "measured", "x", cpu_use=use, fp32_matmul="blas")
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: 2)
+    record, cache, lines = tmp_path / "run" / "kernels.json", tmp_path / "cache", []
+
+    def choose(use: str) -> Choice:
+        return autotune.choose(
+            Request(), SMALL, 50, 4096, 100, CPU, lines.append, cache=cache, run_record=record, record_use=use
+        )
+
+    assert choose("start").threads == 1  # busy cores: recorded by the run, not cached
+    assert choose("resume").source == "kept"  # the run itself computes on as it started
+    read = choose("read")
+    assert (read.source, read.threads) == ("measured", 2)
+    assert any("the run's choice was measured while other jobs shared the cores (45%" in m for m in lines)
+    assert (choose("read").source, choose("read").threads) == ("cached", 2)  # the idle measurement was cached
+    record.write_text(record.read_text().replace("0.45", "0.9"))  # a record measured on idle cores is the reader's
+    assert (choose("read").source, choose("read").threads) == ("kept", 1)
+
+
 def test_nothing_auto_measures_nothing(tmp_path, counted):
     choice = _choose(tmp_path, Request("fp32", "explicit", 1, "blas"))
     assert (choice.precision, choice.attention, choice.threads, choice.source) == ("fp32", "explicit", 1, "config")
@@ -639,8 +669,11 @@ def test_validation_decodes_with_the_decoding_choice_and_training_keeps_its_own(
 
 
 def test_translate_decodes_in_the_runs_own_choice_and_never_writes_its_record(tmp_path, monkeypatch):
-    """A choice measured on busy cores serves its run but is not cached: nmt translate of that run
-    takes it from RUN_DIR/kernels.json, as validation decoded, instead of measuring another."""
+    """nmt translate of a run takes its choice from RUN_DIR/kernels.json, as validation decoded, where
+    the machine's cache no longer holds it (cleared, or since replaced) instead of measuring another.
+    (One the run measured on busy cores it does not take: test_a_reader_does_not_decode_in_...)"""
+    import shutil
+
     from nmt.rundir import RunDir
     from nmt.translate import load_translator
 
@@ -649,12 +682,13 @@ def test_translate_decodes_in_the_runs_own_choice_and_never_writes_its_record(tm
     def measure(request, shape, device, world_threads=None):
         attention = next(picks)
         timings = {"attention": {attention: 1.0}}
-        return Choice("fp32", attention, 1, timings, "measured", "x", 0.2, "blas")  # busy: not cached
+        return Choice("fp32", attention, 1, timings, "measured", "x", 0.9, "blas")
 
     monkeypatch.setattr(autotune, "measure", measure)
     monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
     config = tiny_config(tmp_path, max_updates=4, validate_every=4, warmup_updates=2, attention="auto")
     assert main(["train", "--config", str(config)]) == 0
+    shutil.rmtree(tmp_path / "cache")
     record = tmp_path / "run" / "kernels.json"
     written = record.read_bytes()
     translator = load_translator(RunDir(tmp_path / "run"), "cpu")
