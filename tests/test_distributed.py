@@ -178,15 +178,21 @@ def test_resume_with_a_different_number_of_ranks(setup, stopped_and_resumed):
     assert "resuming on 1 process, not 2: an update still takes 2 batches (train.accumulate 2 x 1)" in log
 
 
-def _reference(setup) -> Path:
-    """One process with ``train.accumulate: 2`` and BLAS products, what two ranks with 1 must equal: the
-    equivalence test's run where it has made it, else one like it."""
+def _finished_run(setup, made: str, name: str, ranks: int, accumulate: int) -> Path:
+    """A run of ``ranks`` processes with ``train.accumulate`` and BLAS products, trained to UPDATES: the
+    equivalence test's run ``made`` where it has made it, else ``name``, trained here once."""
     root, config, _, _, env = setup
-    for run in (root / "single-blas", root / "single"):
+    for run in (root / made, root / name):
         if (run / "checkpoints" / f"update_{UPDATES:08d}.pt").exists():
             return run
-    _train(config, _run_dir(setup, "single") + ["train.accumulate=2", "train.fp32_matmul=blas"], 1, env)
-    return root / "single"
+    sets = [f"train.accumulate={accumulate}", "train.fp32_matmul=blas"]
+    _train(config, _run_dir(setup, name) + sets, ranks, env)
+    return root / name
+
+
+def _reference(setup) -> Path:
+    """One process with ``train.accumulate: 2``: what two ranks with 1 must equal."""
+    return _finished_run(setup, "single-blas", "single", ranks=1, accumulate=2)
 
 
 def test_a_signal_during_a_validation_stops_every_rank_with_a_checkpoint(setup, stopped_and_resumed):
@@ -341,14 +347,8 @@ def test_a_peer_lost_in_the_set_up_ends_train_log_with_the_console_s_line(setup,
 
 
 def _two_ranks(setup) -> Path:
-    """Two ranks with ``train.accumulate: 1`` and BLAS products left alone, what a resumed two-rank run
-    must equal: the equivalence test's run where it has made it, else one like it."""
-    root, config, _, _, env = setup
-    for run in (root / "ddp-blas", root / "two-ranks"):
-        if (run / "checkpoints" / f"update_{UPDATES:08d}.pt").exists():
-            return run
-    _train(config, _run_dir(setup, "two-ranks") + ["train.accumulate=1", "train.fp32_matmul=blas"], 2, env)
-    return root / "two-ranks"
+    """Two ranks with ``train.accumulate: 1`` left alone: what a resumed two-rank run must equal."""
+    return _finished_run(setup, "ddp-blas", "two-ranks", ranks=2, accumulate=1)
 
 
 @pytest.mark.parametrize("when, saved_at", [("start", 3), ("end", 4)])
