@@ -1,7 +1,8 @@
-"""Whether a value read back from a file nmt wrote (JSON, ``torch.save``) is a number of the kind written.
+"""Whether a value read back from a file (JSON and ``torch.save`` that nmt wrote, a YAML config) is
+a number of the kind meant.
 
-Python counts a bool as an int, and JSON and ``torch.save`` keep true and false as bools, so a
-damaged or hand-edited file could pass ``isinstance(value, int)`` with ``true`` where an update
+Python counts a bool as an int, and JSON, YAML and ``torch.save`` keep true and false as bools, so
+a damaged or hand-edited file could pass ``isinstance(value, int)`` with ``true`` where an update
 number belongs. NaN and infinity are numbers here: whoever reads the value decides whether they
 mean anything. Plain Python, no torch: metrics.py, which plot and compare read, imports it.
 """

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from typing import Any, Literal
 
 from nmt.errors import NMTError
+from nmt.saved_numbers import is_number, is_whole_number
 
 Check = tuple[Callable[[Any], bool], str]  # predicate, and what it requires ("must be > 0")
 
@@ -106,13 +107,13 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
             raise NMTError(f"config key '{key}': expected true or false, got {value!r}")
         return value
     if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not is_whole_number(value):
             raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
         return value
     if tp is float:
         if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
             value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
+        if not is_number(value):
             raise NMTError(f"config key '{key}': expected a number, got {value!r}")
         return _finite(value, key)
     if tp is str:
@@ -133,7 +134,7 @@ def quoting_hint(value: Any) -> str:
 
 
 def _check_int32(value: Any, key: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
+    if not is_whole_number(value):
         return
     if value > INT32_MAX:
         raise NMTError(f"config key '{key}': {value!r} must be at most {INT32_MAX}")
