@@ -194,11 +194,24 @@ def choose(
                 "the CPU time its threads would have had alone): decoding in this machine's own"
             )
         elif kept is not None:
+            if measured_busy(kept):
+                log(f"auto: {_BUSY_RUN_CHOICE.format(use=kept.cpu_use)}")
             return kept
     choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log)
+    if run_record is not None and record_use == "start" and measured_busy(choice):
+        log(f"auto: {_BUSY_RUN_CHOICE.format(use=choice.cpu_use)}")
     if run_record is not None and record_use != "read" and not write_cache(run_record, {key: choice.to_dict()}):
         log(f"auto: could not write {run_record}; a resumed run chooses again")
     return choice
+
+
+# Said where a training run starts or resumes in a choice measured on busy cores: it stays the run's.
+_BUSY_RUN_CHOICE = (
+    "this run's choice was measured while other jobs shared the cores ({use:.0%} of the CPU time its "
+    "threads would have had alone), and the run keeps it for its life, resumes included, so that it "
+    "computes as it would have uninterrupted; to train in the machine's own choice, start the run anew "
+    "on quiet cores, or name train.threads (and train.precision) in the config"
+)
 
 
 def _kept_by_run(

@@ -237,13 +237,17 @@ def test_a_reader_does_not_decode_in_a_choice_the_run_measured_on_busy_cores(tmp
         )
 
     assert choose("start").threads == 1  # busy cores: recorded by the run, not cached
+    kept_for_life = "(45% of the CPU time its threads would have had alone), and the run keeps it for its life"
+    assert sum(kept_for_life in m for m in lines) == 1  # the run is told, and how to train in the machine's own
     assert choose("resume").source == "kept"  # the run itself computes on as it started
+    assert sum(kept_for_life in m for m in lines) == 2  # and told again when it resumes
     read = choose("read")
     assert (read.source, read.threads) == ("measured", 2)
     assert any("the run's choice was measured while other jobs shared the cores (45%" in m for m in lines)
     assert (choose("read").source, choose("read").threads) == ("cached", 2)  # the idle measurement was cached
     record.write_text(record.read_text().replace("0.45", "0.9"))  # a record measured on idle cores is the reader's
     assert (choose("read").source, choose("read").threads) == ("kept", 1)
+    assert choose("resume").source == "kept" and sum("keeps it for its life" in m for m in lines) == 2
 
 
 def test_nothing_auto_measures_nothing(tmp_path, counted):
