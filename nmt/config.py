@@ -438,7 +438,30 @@ def load_config(path: str | Path, overrides: list[str] | None = None, training: 
     try:
         return config_from_dict(values, path.absolute().parent, command_line, training)
     except NMTError as e:
-        raise NMTError(f"{error_source(str(e), path, overrides)}: {e}") from None
+        raise NMTError(f"{_cause(str(e), path, overrides, training)}: {e}") from None
+
+
+def _error_with(path: Path, overrides: list[str], training: bool) -> str | None:
+    """The check's error for the file with these of its --set overrides (all of which apply), or None."""
+    values = read_yaml(path)
+    command_line = apply_overrides(values, overrides)
+    try:
+        config_from_dict(values, path.absolute().parent, command_line, training)
+    except NMTError as e:
+        return str(e)
+    return None
+
+
+def _cause(message: str, path: Path, overrides: list[str], training: bool) -> str:
+    """Where the error ``message`` comes from: the --set that gave the key it names (``error_source``),
+    else the file, unless the file alone is free of it. Then a --set caused it through another key
+    (``model.d_model=90`` against the file's 4 heads: the error names ``model.heads``): the ones that
+    cause it on their own are named with the file, or every --set where none does alone."""
+    source = error_source(message, path, overrides)
+    if source != str(path) or not overrides or _error_with(path, [], training) == message:
+        return source
+    alone = [text for text in overrides if _error_with(path, [text], training) == message]
+    return f"{path} with " + ", ".join(f"--set {text}" for text in alone or overrides)
 
 
 def config_to_dict(cfg: Config) -> dict:
