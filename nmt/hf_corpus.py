@@ -269,13 +269,14 @@ def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_
     return sides[0], sides[1]
 
 
-def _csv_options(datasets: Any, directory: str, hf_config: str | None) -> dict[str, Any]:
-    """What ``load_dataset`` is told for a directory of CSV (or TSV) data files: every cell is text
-    as written. pandas, which reads them for it, takes a cell of 'NA', 'N/A', 'None', 'null', 'nan'
-    and a few more words as missing, and a pair whose side is "None" became an empty pair, dropped.
+def _csv_options(datasets: Any, source: str, hf_config: str | None, revision: str | None) -> dict[str, Any]:
+    """What ``load_dataset`` is told for CSV (or TSV) data files, in a directory or a hub dataset
+    (whose data files the same builder reads): every cell is text as written. pandas, which reads
+    them for it, takes a cell of 'NA', 'N/A', 'None', 'null', 'nan' and a few more words as
+    missing, and a pair whose side is "None" became an empty pair, dropped.
     A TSV file is not quoted, as a ``.tsv`` corpus file is not: with CSV quoting a sentence that
     starts with a quote lost its quotes, or, unbalanced, swallowed the lines after it into one pair."""
-    builder = datasets.load_dataset_builder(directory, hf_config)
+    builder = datasets.load_dataset_builder(source, hf_config, revision=revision)
     if builder.name != "csv":
         return {}
     options: dict[str, Any] = {"keep_default_na": False}
@@ -310,7 +311,7 @@ def iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> Ite
                 unreachable = None if is_local else _hub_unreachable()
                 with _offline_hub() if unreachable else nullcontext():
                     source = str(local) if is_local else spec.path
-                    options = _csv_options(datasets, source, spec.hf_config) if is_local else {}
+                    options = _csv_options(datasets, source, spec.hf_config, spec.revision)
                     dataset = datasets.load_dataset(
                         source,
                         spec.hf_config,

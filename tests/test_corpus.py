@@ -468,6 +468,35 @@ def test_hf_csv_cells_that_pandas_calls_missing_are_read_as_text(tmp_path, monke
     assert (src, trg) == (["Keiner", "NA", "null", "nan", ""], ["None", "Sodium", "zero", "n/a", "empty"])
 
 
+@pytest.mark.parametrize("name", ["train.csv", "train.tsv"])
+def test_a_hub_datasets_csv_cells_are_read_as_text_too(tmp_path, monkeypatch, name):
+    """A hub dataset of CSV/TSV files goes through the same builder as a directory of them; here
+    'someorg/pairs' is served from one (no network in tests): the options reach it as they would."""
+    datasets = pytest.importorskip("datasets")
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "hub")
+    sep = "," if name.endswith(".csv") else "\t"
+    pairs = [("Keiner", "None"), ("NA", "Sodium"), ("null", "zero")]
+    if sep == "\t":  # and a TSV file is not read with CSV quoting
+        pairs.append(('"Ja, sagte er', '"Yes," he said'))
+    (data_dir / name).write_text("".join(f"{de}{sep}{en}\n" for de, en in [("de", "en"), *pairs]), encoding="utf-8")
+    asked = []
+
+    def served(load):
+        def call(path, *args, revision=None, **kwargs):
+            asked.append((path, revision))
+            return load(str(data_dir) if path == "someorg/pairs" else path, *args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(datasets, "load_dataset_builder", served(datasets.load_dataset_builder))
+    monkeypatch.setattr(datasets, "load_dataset", served(datasets.load_dataset))
+    monkeypatch.setattr("nmt.hf_corpus._hub_unreachable", lambda: None)
+    spec = CorpusConfig(path="someorg/pairs", format="hf", revision="main")
+    src, trg = read_parallel(spec, "de", "en")
+    assert list(zip(src, trg)) == pairs
+    assert len(asked) == 2 and set(asked) == {("someorg/pairs", "main")}  # the builder asked of that revision
+
+
 @pytest.mark.parametrize("streaming", [True, False])
 def test_hf_tsv_data_file_is_not_read_with_csv_quoting(tmp_path, monkeypatch, streaming):
     # CSV quoting took the quotes off '"Ja"', and an unbalanced one merged the next lines into its pair
