@@ -62,7 +62,7 @@ def _decode_config(args: argparse.Namespace, cfg, run):
     """The run's ``cfg.decode`` with the decoding options given on the command line."""
     from dataclasses import replace
 
-    from nmt.config import check_beam_size
+    from nmt.config_checks import check_beam_size
 
     changes = {}
     for name in ("beam_size", "length_penalty", "max_len_a", "max_len_b", "batch_tokens", "nbest"):

@@ -1,11 +1,13 @@
 """Where a config's plain values come from: the YAML file, read with its checks (``read_yaml``), and
 the ``--set`` overrides written into it (``apply_overrides``); and which of the two gave the key a
-config error names (``error_source``). ``nmt.config`` makes the values into typed sections.
+config error names (``error_source``) or caused it through another key (``error_cause``).
+``nmt.config`` makes the values into typed sections.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +244,16 @@ def error_source(message: str, path: Path, overrides: list[str]) -> str:
             if key == given or key.startswith(given + ".") or given.startswith(key + "."):
                 return f"--set {text}"
     return str(path)
+
+
+def error_cause(message: str, path: Path, overrides: list[str], error_with: Callable[[list[str]], str | None]) -> str:
+    """Where the config error ``message`` comes from: the --set that gave the key it names
+    (``error_source``), else the file, unless the file alone is free of it (``error_with`` gives the
+    check's error with some of the overrides, or None). Then a --set caused it through another key
+    (``model.d_model=90`` against the file's 4 heads: the error names ``model.heads``): the ones
+    that cause it on their own are named with the file, or every --set where none does alone."""
+    source = error_source(message, path, overrides)
+    if source != str(path) or not overrides or error_with([]) == message:
+        return source
+    alone = [text for text in overrides if error_with([text]) == message]
+    return f"{path} with " + ", ".join(f"--set {text}" for text in alone or overrides)

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, CorpusConfig, check_case_folding_scoring, config_to_dict
+from nmt.config import Config, CorpusConfig, config_to_dict
+from nmt.config_checks import check_case_folding_scoring
 from nmt.config_sources import apply_overrides, read_yaml
 from nmt.corpus import local_corpus_gone
 from nmt.errors import NMTError

@@ -12,7 +12,8 @@ import torch
 
 from nmt import autotune, checkpoint
 from nmt.batching import make_batch, sentence_batches
-from nmt.config import DecodeConfig, check_beam_size
+from nmt.config import DecodeConfig
+from nmt.config_checks import check_beam_size
 from nmt.console import say
 from nmt.device import (
     Precision,

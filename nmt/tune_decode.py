@@ -15,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig, check_beam_size
+from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig
+from nmt.config_checks import check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes

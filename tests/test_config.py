@@ -10,7 +10,8 @@ import pytest
 
 from nmt.batching import make_batch
 from nmt.cli import main
-from nmt.config import Config, check_case_folding_scoring, config_from_dict, config_yaml, load_config
+from nmt.config import Config, config_from_dict, config_yaml, load_config
+from nmt.config_checks import check_case_folding_scoring
 from nmt.config_sources import apply_overrides
 from nmt.corpus import filter_by_length
 from nmt.errors import NMTError
