@@ -153,17 +153,23 @@ def projection_block_rows(vocab: int) -> int:
 def _block_loss(z, target, keep, smoothing: float, losses, nlls, gradient: bool) -> None:
     """Per-token H(q, p) and -log p(y) of fp32 logits ``z`` (rows, V), target (rows, 1) and keep
     (rows,) into ``losses`` and ``nlls``; with ``gradient``, z is overwritten by keep * (p - q).
-    Pieces of about 2 MB (``fp32_block_rows``) go through all their passes while in cache."""
-    vocab = z.shape[1]
-    for a, b in _row_chunks(z.shape[0], vocab, "cpu"):
-        zz, t, k = z[a:b], target[a:b], keep[a:b]
-        picked, row_sum = zz.gather(1, t).squeeze(1), zz.sum(1)
-        exp_sum, lse = _exp_in_place(zz)
-        nll = lse - picked
-        losses[a:b] = ((1.0 - smoothing) * nll + (smoothing / vocab) * (vocab * lse - row_sum)) * k
-        nlls[a:b] = nll * k
+    Pieces of about 2 MB (``fp32_block_rows``) go through all their passes over the vocabulary while
+    in cache; the arithmetic on one number per row is done once for the block, not per piece (a
+    thousand small operations fewer per update at 4,000 tokens)."""
+    rows, vocab = z.shape
+    picked = z.gather(1, target).squeeze(1)  # z_y, before z is overwritten
+    row_sum, exp_sum, top = z.new_empty(rows), z.new_empty(rows), z.new_empty(rows, 1)
+    for a, b in _row_chunks(rows, vocab, "cpu"):
+        zz = z[a:b]
+        torch.sum(zz, 1, out=row_sum[a:b])
+        torch.amax(zz, 1, keepdim=True, out=top[a:b])
+        torch.sum(zz.sub_(top[a:b]).exp_(), 1, out=exp_sum[a:b])  # e = exp(z - max) in place
         if gradient:
-            _exp_to_gradient(zz, exp_sum, t, k, smoothing)
+            _exp_to_gradient(zz, exp_sum[a:b], target[a:b], keep[a:b], smoothing)
+    lse = top.squeeze(1) + exp_sum.log()
+    nll = lse - picked
+    torch.mul((1.0 - smoothing) * nll + (smoothing / vocab) * (vocab * lse - row_sum), keep, out=losses)
+    torch.mul(nll, keep, out=nlls)
 
 
 class _ProjectedSmoothedCrossEntropy(torch.autograd.Function):
