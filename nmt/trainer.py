@@ -38,7 +38,7 @@ from nmt.device import (
 )
 from nmt.epoch_plan import continue_epoch, lengths_digest, made_plan
 from nmt.errors import NMTError, error_line
-from nmt.files import atomic_write_bytes, naming
+from nmt.files import atomic_write_bytes
 from nmt.kernel_choice import Choice, Request
 from nmt.loss import teacher_forced_loss
 from nmt.machine import usable_cpus
@@ -58,6 +58,7 @@ from nmt.rundir import RunDir
 from nmt.schedule import horizon_change, learning_rate
 from nmt.scoring import bleu_metric
 from nmt.signals import Interrupted
+from nmt.train_log import TrainLog
 from nmt.training_state import Progress, resume_problem, training_state
 from nmt.translate import Translator
 
@@ -165,8 +166,7 @@ class Trainer:
     def __init__(self, cfg: Config, run: RunDir, log: Callable[[str], None]):
         self.cfg = cfg
         self.run = run
-        self._print = log
-        self._log_file = None
+        self.train_log = TrainLog(run.log_path, log)
         self.metrics: list = []  # metrics.jsonl, and TensorBoard with train.tensorboard (rank 0)
         self.progress = Progress()
         self.world = distributed.world_from_environment()
@@ -179,37 +179,12 @@ class Trainer:
 
     def log(self, message: str) -> None:
         """To the console and to ``train.log`` in the run directory (rank 0 only)."""
-        if not self.world.is_main:
-            return
-        self._print(message)
-        self._to_log_file(message)
-
-    def _to_log_file(self, message: str) -> None:
-        if self._log_file is None:
-            return
-        try:
-            self._log_file.write(time.strftime("%Y-%m-%d %H:%M:%S ") + message + "\n")
-            self._log_file.flush()
-        except OSError as e:  # a full disk: the log goes on on the console only, and the run stops
-            self._close_log_file()
-            raise naming(e, self.run.log_path) from None
+        if self.world.is_main:
+            self.train_log.line(message)
 
     def log_end(self, message: str) -> None:
-        """``message`` in ``train.log`` only (the CLI prints it on the console), where the log is open;
-        a disk that refuses it leaves the log as it was and the error the run stopped on in force."""
-        try:
-            self._to_log_file(message)
-        except OSError:
-            pass
-
-    def _close_log_file(self) -> None:
-        """Close ``train.log``; lines that could not be written (a full disk) are given up."""
-        log_file, self._log_file = self._log_file, None
-        if log_file is not None:
-            try:
-                log_file.close()
-            except OSError:
-                pass
+        """``message`` in ``train.log`` only (the CLI prints it on the console): ``TrainLog.end``."""
+        self.train_log.end(message)
 
     # -- setup ------------------------------------------------------------------------------
 
@@ -217,10 +192,9 @@ class Trainer:
         """Device, run directory (rank 0 takes its lock), data, kernels, model, optimizer; then
         the latest checkpoint's state when ``resume`` and there is one."""
         cfg, world = self.cfg, self.world
-        early: list[str] = []  # said before train.log is open: on the console now, in the file once it is
 
         def warn(message: str) -> None:
-            early.append(message)
+            self.train_log.keep_for_file(message)
             self.log(message)
 
         self.device = select_device(cfg.train.device, fallback_to_cpu=cfg.train.cpu_fallback, warn=warn)
@@ -244,9 +218,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)
         # Rank 0 takes the run and prepares the data while the others wait; they then find it done
         # and only open it. Each step ends with every rank knowing whether it went well everywhere.
-        distributed.agree(
-            world, lambda: self._take_run(config_file, early, resume) if world.is_main else None, solo_work=True
-        )
+        distributed.agree(world, lambda: self._take_run(config_file, resume) if world.is_main else None, solo_work=True)
         self.data: Prepared = distributed.agree(
             world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log, made_by_rank_0=True)
         )
@@ -306,19 +278,14 @@ class Trainer:
         on GPUs each rank has its own."""
         return self.world.local_world_size if self.world.enabled and self.device.type == "cpu" else 1
 
-    def _take_run(self, config_file, early: list[str], resume: bool) -> None:
+    def _take_run(self, config_file, resume: bool) -> None:
         """Rank 0: the run's lock (refusing a config that cannot resume it, and, where ``resume``, a
-        run that has trained but lost its training states), its log (with the ``early`` messages,
-        said before it was open), and its data prepared (tokenizers, shards)."""
+        run that has trained but lost its training states), its log (with the messages said before
+        it was open), and its data prepared (tokenizers, shards)."""
         self.cfg = self.run.open_for_training(self.cfg, config_file, self.log)
         if resume:
             self.run.check_not_starting_over()
-        try:
-            self._log_file = open(self.run.log_path, "a", encoding="utf-8")
-        except OSError as e:
-            raise NMTError(f"{self.run.log_path}: cannot open the training log ({e.strerror})") from None
-        for message in early:
-            self._to_log_file(message)
+        self.train_log.open()
         self.data = prepare(self.cfg, self.run, self.log)
 
     def _resume_and_record(self, resume: bool) -> None:
@@ -682,7 +649,7 @@ class Trainer:
         for sink in self.metrics:
             sink.close()
         self.metrics = []
-        self._close_log_file()
+        self.train_log.close()
         data = getattr(self, "data", None)
         if data is not None:
             data.train.close()

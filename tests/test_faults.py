@@ -486,7 +486,7 @@ def filling_open(name: str, room: int):
 def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what_was_saved(
     tmp_path, monkeypatch, capsys, full
 ):
-    from nmt import metrics, trainer
+    from nmt import metrics, train_log
 
     config = tiny_config(tmp_path, max_updates=20, validate_every=10, log_every=5)
     assert main(["train", "--config", str(config)]) == 0
@@ -495,7 +495,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
     if full in ("dev.hyp", "checkpoints/update_00000030.pt"):  # the next validation's file: the only one refused
         refuse_writes(monkeypatch, Path(full).name)
     else:  # room for a few more lines, then none
-        monkeypatch.setattr(trainer if full == "train.log" else metrics, "open", filling_open(full, 3), raising=False)
+        monkeypatch.setattr(train_log if full == "train.log" else metrics, "open", filling_open(full, 3), raising=False)
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=40"]) == 2
     err = capsys.readouterr().err
