@@ -23,8 +23,8 @@ import numpy as np
 import torch
 
 from nmt import autotune, checkpoint, distributed, testhooks
-from nmt.average import average_last, dev_bleu, dev_scorer
-from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch, token_batches
+from nmt.average import average_last, dev_scorer
+from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch
 from nmt.config import Config, config_to_dict
 from nmt.device import (
     Precision,
@@ -53,7 +53,7 @@ from nmt.optimization import (
     skip_nonfinite,
     skip_overflow,
 )
-from nmt.prepare import EncodedCorpus, Prepared, prepare
+from nmt.prepare import Prepared, prepare
 from nmt.rundir import RunDir
 from nmt.schedule import horizon_change, learning_rate
 from nmt.scoring import bleu_metric
@@ -61,38 +61,7 @@ from nmt.signals import Interrupted
 from nmt.train_log import TrainLog
 from nmt.training_state import Progress, resume_problem, training_state
 from nmt.translate import Translator
-
-
-def evaluate_loss(
-    model,
-    corpus: EncodedCorpus,
-    tok,
-    max_tokens: int,
-    precision,
-    device,
-    between_batches: Callable[[], None] | None = None,
-) -> float:
-    """Mean per-token NLL (no smoothing) of the teacher-forced model on a corpus. ``between_batches``
-    is called after each batch (it may raise to give the evaluation up).
-
-    The NLL is summed on the device and read once at the end: reading it after every batch made a
-    GPU wait for the host at each one. The sum is fp64, as Python's float sum of the batches' fp32
-    values was, so the result is the same to the bit."""
-    was_training = model.training
-    model.eval()
-    nll_total, tokens = torch.zeros((), dtype=torch.float64, device=device), 0
-    try:
-        with torch.inference_mode():
-            for rows in token_batches(corpus.src_lens, corpus.trg_lens, max_tokens, None, 0):
-                batch = make_batch(*corpus.pairs(rows), rows, tok.pad_id, tok.bos_id, tok.eos_id).to(device)
-                _, nll = teacher_forced_loss(model, model, batch, 0.0, tok.pad_id, precision)
-                nll_total += nll.double()
-                tokens += batch.n_trg_tokens  # counted on the host as the batch was made: no device read
-                if between_batches is not None:
-                    between_batches()
-    finally:
-        model.train(was_training)
-    return nll_total.item() / max(tokens, 1)
+from nmt.validation import dev_scores, judge, valid_line, valid_record
 
 
 def _told_already(message: str) -> None:
@@ -558,38 +527,17 @@ class Trainer:
 
         step()
         try:
-            dev_loss = evaluate_loss(
-                self.model, data.dev, data.trg_tok, cfg.train.max_tokens, self.precision, self.device, step
-            )
-            bleu, hyps = dev_bleu(self.translator, cfg, data.dev_src, data.dev_trg, step)
+            dev_loss, bleu, hyps = dev_scores(self.model, self.translator, cfg, data, self.precision, self.device, step)
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             drop_failed_work(e)
             self.save()
             self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
-        is_best = checkpoint.best_rank(bleu, dev_loss) > checkpoint.best_rank(p.best_bleu, p.best_loss)
-        if is_best:
-            p.best_bleu, p.best_loss, p.best_update, p.bad_validations = bleu, dev_loss, p.update, 0
-        else:
-            p.bad_validations += 1
-        p.last_validated = p.update
-        record = {
-            "type": "valid",
-            "update": p.update,
-            "epoch": p.update_epoch,
-            "dev_loss": dev_loss,
-            "dev_ppl": math.exp(min(dev_loss, 50)),
-            "dev_bleu": bleu,
-            "best_bleu": p.best_bleu,
-            "elapsed": p.elapsed_seconds,
-            "seconds": time.perf_counter() - start,
-        }
+        is_best = judge(p, bleu, dev_loss)
+        record = valid_record(p, dev_loss, bleu, time.perf_counter() - start)
         self.write_metrics(record)
-        self.log(
-            f"validation at update {p.update}: dev loss {dev_loss:.3f}, ppl {record['dev_ppl']:.2f}, "
-            f"BLEU {bleu:.2f} (best {p.best_bleu:.2f} at update {p.best_update}){' *' if is_best else ''}"
-        )
+        self.log(valid_line(p, record, is_best))
         # The states saved here hold the validation's time, as the loop's clock will once it returns:
         # a run resumed from them counts it in train.max_minutes, as the run left alone does.
         p.elapsed_seconds += time.perf_counter() - start

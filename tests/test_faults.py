@@ -314,17 +314,17 @@ def test_sigterm_before_training_starts_is_an_interruption_not_a_kill(tmp_path):
 def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, monkeypatch, capsys, stop):
     # The loop's signal guard ends with the loop; a run bounded by max_minutes usually stops between
     # validations, so the final one is where a Ctrl-C or a scheduler's SIGTERM most often lands.
-    from nmt import trainer as trainer_module
+    from nmt import validation
     from nmt.signals import Terminated
 
     error = Terminated if stop == "Terminated" else stop
     config = tiny_config(tmp_path, max_updates=12, validate_every=1000, threads=1)
-    real_dev_bleu = trainer_module.dev_bleu
+    real_dev_bleu = validation.dev_bleu
 
     def stopped(*args, **kwargs):
         raise error()
 
-    monkeypatch.setattr(trainer_module, "dev_bleu", stopped)
+    monkeypatch.setattr(validation, "dev_bleu", stopped)
     code = main(["train", "--config", str(config)])
     err = capsys.readouterr().err
     assert code == (143 if stop == "Terminated" else 130), err
@@ -335,7 +335,7 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
     assert state["progress"]["last_validated"] != 12
 
     # The resumed run trains no further and validates the update it stopped at.
-    monkeypatch.setattr(trainer_module, "dev_bleu", real_dev_bleu)
+    monkeypatch.setattr(validation, "dev_bleu", real_dev_bleu)
     assert main(["train", "--config", str(config)]) == 0
     assert checkpoint.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")["progress"]["last_validated"] == 12
     assert (tmp_path / "run" / "checkpoints" / "best_00000012.pt").exists()
@@ -348,6 +348,7 @@ def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, 
     # Under nohup, behind a closed pipe or a lost ssh session the console's last line is lost:
     # the log must say why the run ended, and how to resume it.
     from nmt import trainer as trainer_module
+    from nmt import validation
     from nmt.signals import Terminated
 
     config = tiny_config(tmp_path, max_updates=12, validate_every=1000, threads=1)
@@ -357,7 +358,7 @@ def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, 
         def stopped(*args, **kwargs):
             raise Terminated()
 
-        monkeypatch.setattr(trainer_module, "dev_bleu", stopped)
+        monkeypatch.setattr(validation, "dev_bleu", stopped)
     elif ending == "out of memory":  # the console names what to lower: so must the log
 
         def out_of_memory(*args, **kwargs):

@@ -445,13 +445,13 @@ def test_a_run_with_checkpoints_keeps_its_tokenizer_when_the_training_text_chang
 
 
 def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypatch, capsys):
-    import nmt.trainer
+    import nmt.validation
 
     def broken(*args, **kwargs):
         raise RuntimeError("something nobody foresaw")
 
     config = tiny_config(tmp_path, max_updates=10, validate_every=7, warmup_updates=1)
-    monkeypatch.setattr(nmt.trainer, "dev_bleu", broken)
+    monkeypatch.setattr(nmt.validation, "dev_bleu", broken)
     with pytest.raises(RuntimeError, match="nobody foresaw"):
         main(["train", "--config", str(config)])
     update, _ = final_weights(tmp_path / "run")

@@ -17,7 +17,8 @@ from nmt.errors import NMTError
 from nmt.loss import teacher_forced_loss
 from nmt.rundir import RunDir
 from nmt.schedule import learning_rate
-from nmt.trainer import Trainer, evaluate_loss
+from nmt.trainer import Trainer
+from nmt.validation import evaluate_loss
 
 
 def make_trainer(tmp_path: Path, **train) -> Trainer:
@@ -376,13 +377,13 @@ def test_the_loop_gives_freed_memory_back_at_start_every_release_interval_and_af
 
 def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(tmp_path, monkeypatch):
     # Early in training BLEU ties at 0 while the dev loss falls: that is progress, not a bad validation.
-    import nmt.trainer
+    import nmt.validation
     from nmt import checkpoint
     from nmt.training import stop_reason
 
     losses = iter([5.2, 4.8, 4.5, 4.5, 4.7])
-    monkeypatch.setattr(nmt.trainer, "evaluate_loss", lambda *args: next(losses))
-    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg, *step: (0.0, ["" for _ in src]))
+    monkeypatch.setattr(nmt.validation, "evaluate_loss", lambda *args: next(losses))
+    monkeypatch.setattr(nmt.validation, "dev_bleu", lambda translator, cfg, src, trg, *step: (0.0, ["" for _ in src]))
     trainer = make_trainer(tmp_path, patience=2, warmup_updates=1)
     p, t = trainer.progress, trainer.cfg.train
     verdicts = []
@@ -403,11 +404,11 @@ def test_patience_and_the_best_checkpoint_count_a_lower_dev_loss_at_equal_bleu(t
 @pytest.mark.parametrize("keep_best", [1, 2])
 def test_keep_best_keeps_the_best_validations_not_only_the_new_bests(tmp_path, monkeypatch, keep_best):
     # Dev BLEU 10, 20, 15: the two best are 20 and 15, though 15 was no new best when it came.
-    import nmt.trainer
+    import nmt.validation
 
     bleus = iter([10.0, 20.0, 15.0])
-    monkeypatch.setattr(nmt.trainer, "evaluate_loss", lambda *args: 3.0)
-    monkeypatch.setattr(nmt.trainer, "dev_bleu", lambda translator, cfg, src, trg, *step: (next(bleus), []))
+    monkeypatch.setattr(nmt.validation, "evaluate_loss", lambda *args: 3.0)
+    monkeypatch.setattr(nmt.validation, "dev_bleu", lambda translator, cfg, src, trg, *step: (next(bleus), []))
     trainer = make_trainer(tmp_path, keep_best=keep_best, warmup_updates=1)
     for _ in range(3):
         trainer.train_step([trainer.epoch_plan()[0]])
