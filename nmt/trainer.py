@@ -54,6 +54,7 @@ from nmt.optimization import (
     skip_overflow,
 )
 from nmt.prepare import Prepared, prepare
+from nmt.resuming import resumed_lines, saved_line
 from nmt.rundir import RunDir
 from nmt.schedule import horizon_change, learning_rate
 from nmt.scoring import bleu_metric
@@ -67,37 +68,6 @@ from nmt.validation import dev_scores, judge, valid_line, valid_record
 def _told_already(message: str) -> None:
     """Where validation's translator reports dev sources cut to the model's positions:
     ``nmt.prepare`` said so once for the dev set."""
-
-
-def _count(n: int, noun: str) -> str:
-    return f"{n} {noun}" + ("" if n == 1 else "es")
-
-
-def processes(world: distributed.World) -> str:
-    """How many processes ``world`` has, in words: "2 processes", "16 processes, 8 per machine"."""
-    text = _count(world.world_size, "process")
-    if world.local_world_size != world.world_size:
-        text += f", {world.local_world_size} per machine"
-    return text
-
-
-def world_size_change(saved: Progress, world: int, accumulate: int) -> str | None:
-    """The line a resume on another number of processes than ``saved`` was trained on logs: an
-    update takes train.accumulate x processes batches, so its size changes unless accumulate
-    makes up for it. None where the number is the same, or not known (an earlier version's)."""
-    if saved.world_size in (0, world) or saved.update_batches <= 0:
-        return None
-    batches, before = accumulate * world, saved.update_batches
-    change = f"resuming on {_count(world, 'process')}, not {saved.world_size}"
-    if batches == before:
-        return f"{change}: an update still takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world})"
-    keep = "no train.accumulate keeps it"
-    if before % world == 0:
-        keep = f"--set train.accumulate={before // world} keeps it"
-    return (
-        f"warning: {change}: an update now takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world}), "
-        f"not {before}; {keep}"
-    )
 
 
 def rank_seed(seed: int, rank: int, update: int) -> int:
@@ -323,13 +293,8 @@ class Trainer:
         self._state_written_at = self.progress.update
         checkpoint.set_rng_state(state["rng"], self.device.type == "cuda")
         p = self.progress
-        best = f"best BLEU {p.best_bleu:.2f}" if p.last_validated >= 0 else "no validation yet"
-        self.log(f"resuming at update {p.update} (epoch {p.epoch}, batch {p.batch_in_epoch}), {best}")
-        if changed:
-            self.log(f"resuming with {'; '.join(changed)}: AdamW takes the config's, not the checkpoint's")
-        change = world_size_change(p, self.world.world_size, self.cfg.train.accumulate)
-        if change is not None:
-            self.log(change)
+        for line in resumed_lines(p, changed, self.world.world_size, self.cfg.train.accumulate):
+            self.log(line)
         if self.world.is_main and self.run.config_path.exists():  # config.yaml is still the run's config until now
             change = horizon_change(self.run.config().train, self.cfg.train, p.update + 1, p.elapsed_seconds)
             if change is not None:
@@ -573,12 +538,8 @@ class Trainer:
         self._state_written_at = self.progress.update
 
     def _saved(self) -> str:
-        """Says that the checkpoint is written, and how to resume from it."""
-        command = f"nmt train --config {self.run.config_path}"
-        how = f"with: {command}"
-        if self.world.enabled:  # the same ranks, so that an update keeps its batches
-            how = f"with the same torchrun options ({processes(self.world)}): torchrun ... -m {command}"
-        return f"checkpoint written at update {self.progress.update}; resume {how}"
+        """Says that the checkpoint is written, and how to resume from it (``saved_line``)."""
+        return saved_line(self.run.config_path, self.world, self.progress.update)
 
     def interrupted(self, signum: int) -> Interrupted:
         """What ends a run stopped by a signal once its checkpoint is written."""

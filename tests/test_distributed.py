@@ -26,9 +26,10 @@ from nmt.errors import NMTError
 from nmt.metrics import read_metrics
 from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
+from nmt.resuming import world_size_change
 from nmt.rundir import RunDir
 from nmt.signals import Interrupted, SignalPending
-from nmt.trainer import Trainer, world_size_change
+from nmt.trainer import Trainer
 from nmt.training_state import Progress
 
 WORDS = "der die das hund katze maus sieht jagt läuft schnell klein groß".split()
