@@ -39,9 +39,7 @@ from nmt.device import (
 from nmt.epoch_plan import continue_epoch, lengths_digest, made_plan
 from nmt.errors import NMTError, error_line
 from nmt.files import atomic_write_bytes
-from nmt.kernel_choice import Choice, Request
 from nmt.loss import teacher_forced_loss
-from nmt.machine import usable_cpus
 from nmt.metrics import MetricsLog
 from nmt.model_memory import check_training_fits
 from nmt.models import build_model
@@ -60,6 +58,7 @@ from nmt.schedule import horizon_change, learning_rate
 from nmt.scoring import bleu_metric
 from nmt.signals import Interrupted
 from nmt.train_log import TrainLog
+from nmt.training_kernels import check_compile, choose_kernels
 from nmt.training_state import Progress, resume_problem, training_state
 from nmt.translate import Translator
 from nmt.validation import dev_scores, judge, valid_line, valid_record
@@ -73,19 +72,6 @@ def _told_already(message: str) -> None:
 def rank_seed(seed: int, rank: int, update: int) -> int:
     """The dropout seed of one rank's share of one update: independent of how the run was resumed."""
     return derived_seed(seed, rank * 7_919 + update)
-
-
-def check_compile(cfg: Config) -> None:
-    """Refuse ``train.compile`` for the RNN baseline, naming the key, before any work. torch.compile
-    failed on its decoder: with 2 or more decoder layers and dropout (the shipped RNN configs) inductor
-    stopped the first update with a traceback (InductorError: Exponent must be non-negative), and where
-    it compiled, the step loop (one Python step per target position) took about 90 s per batch shape
-    on 2 CPU cores, the first updates 50x slower than eager."""
-    if cfg.train.compile and cfg.model.type == "rnn":
-        raise NMTError(
-            "config key 'train.compile': not for model.type 'rnn' (torch.compile fails on its decoder's "
-            "step loop, or takes minutes per batch shape); set train.compile: false"
-        )
 
 
 def drop_failed_work(error: BaseException) -> None:
@@ -173,7 +159,7 @@ class Trainer:
         )
         if self.device.type == "cpu":  # after the data, before the first product (auto's measurement)
             self._size_kernel_cache()
-        self.choice = self._choose_kernels(tok.vocab_size, resume)
+        self.choice = choose_kernels(self.cfg, self.run, self.device, world, tok.vocab_size, resume, self.log)
         self.precision = Precision(self.device.type, self.choice.precision)
         torch.manual_seed(cfg.seed)  # the same initial weights however long the measurement ran
         self.model = build_model(cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id).to(self.device)
@@ -241,40 +227,6 @@ class Trainer:
         chosen_by = "ONEDNN_PRIMITIVE_CACHE_CAPACITY; " if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ else ""
         capacity = size_onednn_cache(shapes, self.world.local_world_size)
         self.log(f"oneDNN kernel cache: {capacity} kernels ({chosen_by}batch shapes in an epoch: {shapes})")
-
-    def _choose_kernels(self, vocab_size: int, resume: bool) -> Choice:
-        """Precision, attention kernel and threads: the config's, or measured where it says auto.
-        Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores.
-        A run that resumes from a training state keeps the choice it started with (``kernels.json``);
-        a resume in other kernels would not compute what the run left alone would have. A run with
-        no training state (new, or a first start that failed before its first) chooses afresh."""
-        cfg, world = self.cfg, self.world
-        world_threads = None
-        if world.enabled and self.device.type == "cpu" and cfg.train.threads in ("auto", None):
-            world_threads = max(1, usable_cpus() // world.local_world_size)
-
-        def measure() -> Choice | None:
-            if not world.is_main:
-                return None
-            request, t, d = Request.from_train(cfg.train), cfg.train, cfg.data
-            has_trained = bool(checkpoint.list_checkpoints(self.run.checkpoint_dir, "update"))
-            return autotune.choose(
-                request,
-                cfg.model,
-                vocab_size,
-                t.max_tokens,
-                d.max_len,
-                self.device,
-                self.log,
-                world_threads,
-                run_record=self.run.kernels_path if resume else None,
-                record_use="resume" if has_trained else "start",
-            )
-
-        choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)
-        autotune.apply_threads(choice)
-        self.log(("auto: " if choice.timings else "kernels: ") + choice.describe())
-        return choice
 
     def _resume(self) -> None:
         found = self.checkpoints.load_latest_state(

@@ -1,0 +1,74 @@
+"""What a training run computes in, chosen before its model is built: precision, attention kernel,
+fp32 matmul library and threads, the config's or measured where it says auto (rank 0 measures
+alone and every rank takes its choice; a resumed run keeps the choice it started with), and
+``train.compile`` refused where torch.compile cannot serve the model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from nmt import autotune, checkpoint, distributed
+from nmt.config import Config
+from nmt.distributed import World
+from nmt.errors import NMTError
+from nmt.kernel_choice import Choice, Request
+from nmt.machine import usable_cpus
+from nmt.rundir import RunDir
+
+
+def choose_kernels(
+    cfg: Config,
+    run: RunDir,
+    device: torch.device,
+    world: World,
+    vocab_size: int,
+    resume: bool,
+    log: Callable[[str], None],
+) -> Choice:
+    """Precision, attention kernel and threads: the config's, or measured where it says auto.
+    Rank 0 measures alone and every rank takes its choice; ranks on one machine share its cores.
+    A run that resumes from a training state keeps the choice it started with (``kernels.json``);
+    a resume in other kernels would not compute what the run left alone would have. A run with
+    no training state (new, or a first start that failed before its first) chooses afresh."""
+    world_threads = None
+    if world.enabled and device.type == "cpu" and cfg.train.threads in ("auto", None):
+        world_threads = max(1, usable_cpus() // world.local_world_size)
+
+    def measure() -> Choice | None:
+        if not world.is_main:
+            return None
+        request, t, d = Request.from_train(cfg.train), cfg.train, cfg.data
+        has_trained = bool(checkpoint.list_checkpoints(run.checkpoint_dir, "update"))
+        return autotune.choose(
+            request,
+            cfg.model,
+            vocab_size,
+            t.max_tokens,
+            d.max_len,
+            device,
+            log,
+            world_threads,
+            run_record=run.kernels_path if resume else None,
+            record_use="resume" if has_trained else "start",
+        )
+
+    choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)
+    autotune.apply_threads(choice)
+    log(("auto: " if choice.timings else "kernels: ") + choice.describe())
+    return choice
+
+
+def check_compile(cfg: Config) -> None:
+    """Refuse ``train.compile`` for the RNN baseline, naming the key, before any work. torch.compile
+    failed on its decoder: with 2 or more decoder layers and dropout (the shipped RNN configs) inductor
+    stopped the first update with a traceback (InductorError: Exponent must be non-negative), and where
+    it compiled, the step loop (one Python step per target position) took about 90 s per batch shape
+    on 2 CPU cores, the first updates 50x slower than eager."""
+    if cfg.train.compile and cfg.model.type == "rnn":
+        raise NMTError(
+            "config key 'train.compile': not for model.type 'rnn' (torch.compile fails on its decoder's "
+            "step loop, or takes minutes per batch shape); set train.compile: false"
+        )
