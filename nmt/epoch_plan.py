@@ -49,6 +49,34 @@ def made_plan(src_lens: np.ndarray, trg_lens: np.ndarray, epoch: int, batchings:
     return plan
 
 
+class EpochPlans:
+    """The current epoch's plan of a run's training pairs, made again only where the epoch or its
+    record in ``Progress`` changed, and the pairs' ``lengths_digest``, computed once."""
+
+    def __init__(self, src_lens: np.ndarray, trg_lens: np.ndarray):
+        self.src_lens, self.trg_lens = src_lens, trg_lens
+        self._plan: tuple[tuple, BatchPlan] | None = None  # (what it was made with, the plan)
+        self._lengths_digest: str | None = None
+
+    def current(self, p: Progress, batching: list[int]) -> BatchPlan:
+        """The batches of epoch ``p.epoch``, shuffled per (seed, epoch). A new epoch is batched whole
+        with ``batching`` (the config's BATCHING_KEYS values); one a resume changed them in keeps the
+        batches it trained on and batches the rest again (``Progress.plan_batchings``)."""
+        if p.plan_epoch != p.epoch or p.plan_data != self.data_digest():
+            p.plan_epoch, p.plan_data = p.epoch, self.data_digest()
+            p.plan_batchings = [[0, *batching]]
+        made_with = (p.epoch, tuple(tuple(b) for b in p.plan_batchings))
+        if self._plan is None or self._plan[0] != made_with:
+            self._plan = (made_with, made_plan(self.src_lens, self.trg_lens, p.epoch, p.plan_batchings))
+        return self._plan[1]
+
+    def data_digest(self) -> str:
+        """``lengths_digest`` of the training pairs, computed once."""
+        if self._lengths_digest is None:
+            self._lengths_digest = lengths_digest(self.src_lens, self.trg_lens)
+        return self._lengths_digest
+
+
 def continue_epoch(
     p: Progress,
     data_digest: str,

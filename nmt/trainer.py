@@ -36,7 +36,7 @@ from nmt.device import (
     select_device,
     size_onednn_cache,
 )
-from nmt.epoch_plan import continue_epoch, lengths_digest, made_plan
+from nmt.epoch_plan import EpochPlans, continue_epoch
 from nmt.errors import NMTError, error_line
 from nmt.files import atomic_write_bytes
 from nmt.loss import teacher_forced_loss
@@ -95,8 +95,7 @@ class Trainer:
         self.metrics: list = []  # metrics.jsonl, and TensorBoard with train.tensorboard (rank 0)
         self.progress = Progress()
         self.world = distributed.world_from_environment()
-        self._plan: tuple[tuple, BatchPlan] | None = None  # (what it was made with, the plan)
-        self._lengths_digest: str | None = None
+        self._epochs: EpochPlans | None = None  # the training pairs' epoch plans, once the data is prepared
         self._state_written_at = 0  # the update of the newest training state written or resumed from (0: none)
         # Set by the training loop (``nmt.training.run``): an update that fails before its optimizer step
         # first writes the state of the one before. Off elsewhere: ``nmt bench`` never writes a checkpoint.
@@ -257,24 +256,13 @@ class Trainer:
 
     def epoch_plan(self) -> BatchPlan:
         """The batches of the current epoch, shuffled per (seed, epoch): the same on every rank and
-        after every resume. A new epoch is batched whole with the config's settings; one a resume
-        changed them in keeps the batches it trained on and batches the rest again
-        (``Progress.plan_batchings``)."""
-        p = self.progress
-        if p.plan_epoch != p.epoch or p.plan_data != self._data_digest():
-            p.plan_epoch, p.plan_data = p.epoch, self._data_digest()
-            p.plan_batchings = [[0, *self._batching()]]
-        made_with = (p.epoch, tuple(tuple(b) for b in p.plan_batchings))
-        if self._plan is None or self._plan[0] != made_with:
-            data = self.data.train
-            self._plan = (made_with, made_plan(data.src_lens, data.trg_lens, p.epoch, p.plan_batchings))
-        return self._plan[1]
+        after every resume (``nmt.epoch_plan.EpochPlans.current``)."""
+        return self._plans().current(self.progress, self._batching())
 
-    def _data_digest(self) -> str:
-        """``lengths_digest`` of the training pairs, computed once."""
-        if self._lengths_digest is None:
-            self._lengths_digest = lengths_digest(self.data.train.src_lens, self.data.train.trg_lens)
-        return self._lengths_digest
+    def _plans(self) -> EpochPlans:
+        if self._epochs is None:
+            self._epochs = EpochPlans(self.data.train.src_lens, self.data.train.trg_lens)
+        return self._epochs
 
     def _batching(self) -> list[int]:
         """The config's settings an epoch's plan is made with (``nmt.epoch_plan.BATCHING_KEYS``)."""
@@ -282,7 +270,7 @@ class Trainer:
 
     def _continue_epoch(self) -> None:
         """Where a resumed run goes on in its epoch (``nmt.epoch_plan.continue_epoch``)."""
-        continue_epoch(self.progress, self._data_digest(), self._batching(), self.epoch_plan, self.log)
+        continue_epoch(self.progress, self._plans().data_digest(), self._batching(), self.epoch_plan, self.log)
 
     # -- one update -------------------------------------------------------------------------
 
