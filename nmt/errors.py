@@ -1,5 +1,7 @@
-"""The exception types the CLI turns into a one-line message and a non-zero exit, and the one line
-that names any other error in a log."""
+"""The exception types the CLI turns into a one-line message and a non-zero exit, the one line
+that names any other error in a log, and the memory a failed piece of work's traceback still holds."""
+
+import traceback
 
 
 def error_line(error: BaseException) -> str:
@@ -17,3 +19,16 @@ class NMTError(Exception):
 class SharedError(NMTError):
     """An error every torchrun rank raises alike, from values they agree on (the update's statistics,
     the signal they stop for): rank 0 alone reports it."""
+
+
+def drop_failed_work(error: BaseException) -> None:
+    """Free what the work that raised ``error`` still holds: its traceback keeps each finished frame's
+    locals, the batch's activations among them, so a checkpoint written after running out of memory
+    ran out as well. The traceback still prints; only the values are gone. The errors it was raised
+    while handling hold frames too."""
+    seen: set[int] = set()
+    current: BaseException | None = error
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        traceback.clear_frames(current.__traceback__)
+        current = current.__cause__ or current.__context__

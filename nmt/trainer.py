@@ -15,7 +15,6 @@ import os
 import random
 import signal
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict
 
@@ -37,7 +36,7 @@ from nmt.device import (
     size_onednn_cache,
 )
 from nmt.epoch_plan import EpochPlans, continue_epoch
-from nmt.errors import NMTError, error_line
+from nmt.errors import NMTError, drop_failed_work, error_line
 from nmt.files import atomic_write_bytes
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
@@ -72,19 +71,6 @@ def _told_already(message: str) -> None:
 def rank_seed(seed: int, rank: int, update: int) -> int:
     """The dropout seed of one rank's share of one update: independent of how the run was resumed."""
     return derived_seed(seed, rank * 7_919 + update)
-
-
-def drop_failed_work(error: BaseException) -> None:
-    """Free what the work that raised ``error`` still holds: its traceback keeps each finished frame's
-    locals, the batch's activations among them, so a checkpoint written after running out of memory
-    ran out as well. The traceback still prints; only the values are gone. The errors it was raised
-    while handling hold frames too."""
-    seen: set[int] = set()
-    current: BaseException | None = error
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        traceback.clear_frames(current.__traceback__)
-        current = current.__cause__ or current.__context__
 
 
 class Trainer:
