@@ -18,7 +18,7 @@ from dataclasses import replace
 
 import torch
 
-from nmt import checkpoint
+from nmt import checkpoint, checkpoint_file
 from nmt.config import Config
 from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
@@ -126,7 +126,7 @@ def average_last(
     if done.get("updates") == updates and manager.average_path() is not None:
         log(f"the average of updates {', '.join(map(str, updates))} exists already (dev BLEU {done['score']:.2f})")
         return None
-    payloads = [checkpoint.load(info.path) for info in reversed(found)]
+    payloads = [checkpoint_file.load(info.path) for info in reversed(found)]
     for info, payload in zip(reversed(found), payloads):
         run.check_checkpoint(info.path, payload, cfg, model)
     averaged = copy.deepcopy(model)

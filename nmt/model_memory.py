@@ -103,7 +103,7 @@ def check_training_fits(
 
 def check_weights_fit(weight_bytes: int | None, device: torch.device, checkpoint: Path, keys: str) -> None:
     """Refuse, in one line naming the checkpoint and the size ``keys`` (``size_keys``), a model
-    whose ``weight_bytes`` (``nmt.checkpoint.model_bytes``; None: not known) alone are more than
+    whose ``weight_bytes`` (``nmt.checkpoint_file.model_bytes``; None: not known) alone are more than
     ``device`` has: translation holds no more that is certain."""
     memory, where = device_memory(device)
     if memory is None or weight_bytes is None or weight_bytes <= memory:

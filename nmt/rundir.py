@@ -211,7 +211,7 @@ class RunDir:
         checkpoints as it writes better and newer ones (``keep_best``, ``keep_last``): one deleted
         after it was picked is picked again, so a reader gets the run's choice as it is now, never an
         error for a file the trainer has just replaced."""
-        from nmt.checkpoint import CheckpointGone, load
+        from nmt.checkpoint_file import CheckpointGone, load
 
         path = chosen or self.model_checkpoint(cfg, which)
         for _ in range(_PICK_ATTEMPTS):
@@ -235,7 +235,7 @@ class RunDir:
         but ``loaded`` (``which``: see ``model_checkpoint``) is not the checkpoint it was tuned with:
         another file (a new best or average of a run trained on), or the same name written again;
         None otherwise. ``loaded_by`` says who loads it ("loaded", "translate loads now")."""
-        from nmt.checkpoint import recorded_digest
+        from nmt.checkpoint_file import recorded_digest
 
         tuned = tuned_checkpoint(self.tune_decode_path)
         if tuned is None:

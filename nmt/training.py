@@ -18,7 +18,7 @@ from pathlib import Path
 
 from nmt import distributed
 from nmt.batching import padding_fraction
-from nmt.checkpoint import CheckpointNotWritten
+from nmt.checkpoint_file import CheckpointNotWritten
 from nmt.config import Config, TrainConfig
 from nmt.errors import NMTError, error_line
 from nmt.files import storage_error, write_error_message

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from nmt import autotune, checkpoint
+from nmt import autotune, checkpoint_file
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import DecodeConfig
 from nmt.config_checks import check_beam_size
@@ -260,7 +260,7 @@ def load_translator(
     unusable = None if precision_name is not None else precision_problem(cfg.train.precision, device.type, bf16)
     # Before the checkpoint is read: a model whose weights alone cannot fit here fails in one line.
     keys = size_keys(cfg.model, src_tok.vocab_size, trg_tok.vocab_size)
-    check_weights_fit(checkpoint.model_bytes(path), device, path, keys)
+    check_weights_fit(checkpoint_file.model_bytes(path), device, path, keys)
     path, payload = run.load_model_checkpoint(cfg, which, path)
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)

@@ -82,7 +82,7 @@ def untuned_decode(decode: DecodeConfig, report: Path) -> dict:
 
 def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Callable[[str], None]) -> Trial:
     """Search the grid on the run's dev set, write the winner into its config (holding the run's lock)."""
-    from nmt.checkpoint import recorded_digest
+    from nmt.checkpoint_file import recorded_digest
     from nmt.translate import load_translator
 
     good_penalties = penalties and all(math.isfinite(a) and 0 <= a <= MAX_LENGTH_PENALTY for a in penalties)

@@ -11,7 +11,7 @@ import torch
 import yaml
 from conftest import tiny_config
 
-from nmt import checkpoint
+from nmt import checkpoint, checkpoint_file
 from nmt.average import average_weights
 from nmt.cli import main
 from nmt.config import config_from_dict
@@ -43,8 +43,8 @@ def test_training_ends_with_the_average_of_its_last_checkpoints(run):
     directory = run / "run" / "checkpoints"
     index = json.loads((directory / "index.json").read_text())
     assert index["average"]["updates"] == [20, 30, 40] and index["average"]["file"] == "average_last_3.pt"
-    averaged = checkpoint.load(directory / "average_last_3.pt")  # checksummed, weights only
-    states = [checkpoint.load(directory / f"update_{u:08d}.pt")["model"] for u in (20, 30, 40)]
+    averaged = checkpoint_file.load(directory / "average_last_3.pt")  # checksummed, weights only
+    states = [checkpoint_file.load(directory / f"update_{u:08d}.pt")["model"] for u in (20, 30, 40)]
     for name, tensor in averaged["model"].items():
         expected = (states[0][name].double() + states[1][name].double() + states[2][name].double()) / 3
         torch.testing.assert_close(tensor, expected.to(tensor.dtype), rtol=0, atol=1e-6, msg=name)
@@ -105,7 +105,7 @@ def test_nmt_average_leaves_out_a_state_a_signal_wrote_between_validations(run, 
     directory = copied / "checkpoints"
     index = json.loads((directory / "index.json").read_text())
     (directory / "index.json").write_text(json.dumps({k: v for k, v in index.items() if k != "average"}))
-    state = checkpoint.load(directory / "update_00000040.pt")
+    state = checkpoint_file.load(directory / "update_00000040.pt")
     state["progress"].update(update=45, last_validated=40)  # as the trainer saves it on a signal
     checkpoint.CheckpointManager(directory, 3, 1).save_state(state, 45)
     assert [c.update for c in checkpoint.list_checkpoints(directory, "update")] == [45, 40, 30, 20]

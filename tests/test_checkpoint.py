@@ -1,4 +1,5 @@
-"""Checkpoints: atomic writes, corruption detection, refusal of pickled code, retention."""
+"""Checkpoints: atomic writes, corruption detection, refusal of pickled code (checkpoint_file); a run's
+directory of them, its retention and index (checkpoint)."""
 
 import os
 import pickle
@@ -7,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import checkpoint, testhooks
+from nmt import checkpoint, checkpoint_file, testhooks
 from nmt.errors import NMTError
 
 
@@ -17,23 +18,23 @@ def payload(value: float) -> dict:
 
 def test_roundtrip(tmp_path):
     path = tmp_path / "update_00000001.pt"
-    checkpoint.save(payload(1.0), path)
-    loaded = checkpoint.load(path)
+    checkpoint_file.save(payload(1.0), path)
+    loaded = checkpoint_file.load(path)
     assert torch.equal(loaded["model"]["w"], torch.full((3, 3), 1.0))
     assert loaded["progress"]["update"] == 1
 
 
 def test_crash_between_write_and_rename_keeps_previous(tmp_path, monkeypatch):
     path = tmp_path / "update_00000001.pt"
-    checkpoint.save(payload(1.0), path)
+    checkpoint_file.save(payload(1.0), path)
 
     def crash(tmp):
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(testhooks, "before_rename", crash)
     with pytest.raises(NMTError, match="could not write checkpoint.*what was there before is intact"):
-        checkpoint.save(payload(2.0), path)
-    assert checkpoint.load(path)["progress"]["update"] == 1
+        checkpoint_file.save(payload(2.0), path)
+    assert checkpoint_file.load(path)["progress"]["update"] == 1
     assert not [p for p in tmp_path.iterdir() if ".tmp" in p.name]
 
 
@@ -41,7 +42,7 @@ def test_a_sidecar_that_cannot_be_written_leaves_the_new_file_loadable(tmp_path,
     # average_last_N.pt and best files are written again under the same name: the old digest must
     # not outlive its file, or the new checkpoint, complete, is called corrupted.
     path = tmp_path / "average_last_2.pt"
-    checkpoint.save(payload(1.0), path)
+    checkpoint_file.save(payload(1.0), path)
 
     def sidecar_refused(tmp):
         if tmp.name.startswith(f".{path.name}.sha256"):
@@ -49,58 +50,58 @@ def test_a_sidecar_that_cannot_be_written_leaves_the_new_file_loadable(tmp_path,
 
     monkeypatch.setattr(testhooks, "before_rename", sidecar_refused)
     with pytest.raises(NMTError, match="average_last_2.pt.sha256: could not write checkpoint"):
-        checkpoint.save(payload(2.0), path)
-    assert checkpoint.load(path)["progress"]["update"] == 2
+        checkpoint_file.save(payload(2.0), path)
+    assert checkpoint_file.load(path)["progress"]["update"] == 2
 
 
 def test_a_checkpoint_written_again_as_it_is_read_loads_whole(tmp_path, monkeypatch):
     # 'nmt translate' reading average_last_2.pt just as training's end (or 'nmt average') writes it
     # again: the bytes read are the old file's, the digest found after them the new one's.
     path = tmp_path / "average_last_2.pt"
-    checkpoint.save(payload(1.0), path)
+    checkpoint_file.save(payload(1.0), path)
     read_bytes = Path.read_bytes
 
     def read_then_written_again(self: Path) -> bytes:
         data = read_bytes(self)
         if self == path and not written_again:
             written_again.append(self)
-            checkpoint.save(payload(2.0), path)
+            checkpoint_file.save(payload(2.0), path)
         return data
 
     written_again: list[Path] = []
     monkeypatch.setattr(Path, "read_bytes", read_then_written_again)
-    assert checkpoint.load(path)["progress"]["update"] == 2
+    assert checkpoint_file.load(path)["progress"]["update"] == 2
     assert written_again
 
 
 def test_a_checksum_file_that_cannot_be_read_is_one_line(tmp_path):
     path = tmp_path / "best_00000001.pt"
-    checkpoint.save(payload(1.0), path)
+    checkpoint_file.save(payload(1.0), path)
     sidecar = path.with_name(path.name + ".sha256")
     sidecar.unlink()
     sidecar.mkdir()
     with pytest.raises(NMTError, match=r"best_00000001.pt.sha256: cannot read the checkpoint's checksum"):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
 
 
 def test_truncated_checkpoint_detected(tmp_path):
     path = tmp_path / "update_00000001.pt"
-    checkpoint.save(payload(1.0), path)
+    checkpoint_file.save(payload(1.0), path)
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     with pytest.raises(NMTError, match="corrupted or truncated"):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
     # Without the sidecar the zip reader must still notice.
     path.with_name(path.name + ".sha256").unlink()
     with pytest.raises(NMTError, match="not a checkpoint .* damaged"):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
 
 
 def test_random_bytes_are_not_called_unsafe(tmp_path):
     path = tmp_path / "best_00000001.pt"
     path.write_bytes(os.urandom(4096))
     with pytest.raises(NMTError) as err:
-        checkpoint.load(path)
+        checkpoint_file.load(path)
     assert "not a checkpoint (not a PyTorch archive)" in str(err.value) and "Python objects" not in str(err.value)
 
 
@@ -112,14 +113,14 @@ class _Exploit:
 def test_malicious_checkpoint_refused(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     path = tmp_path / "update_00000001.pt"
-    torch.save({"format": checkpoint.FORMAT, "model": _Exploit()}, path)
+    torch.save({"format": checkpoint_file.FORMAT, "model": _Exploit()}, path)
     with pytest.raises(NMTError, match="refused"):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
     assert not (tmp_path / "EXPLOITED").exists()
     # A raw pickle (not a torch zip) with the same trick.
     path.write_bytes(pickle.dumps(_Exploit(), protocol=2))
     with pytest.raises(NMTError):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
     assert not (tmp_path / "EXPLOITED").exists()
 
 
@@ -227,7 +228,9 @@ def test_a_best_checkpoint_saved_again_after_a_resume_is_kept(tmp_path, keep_bes
     assert sorted(p.name for p in tmp_path.glob("best_*.pt")) == sorted(expected)
     assert m.best_path().name == "best_00000003.pt"
     if keep_best == 2:
-        assert index[1]["score"] == 25.0 and checkpoint.load(tmp_path / expected[1])["model"]["w"][0, 0].item() == 2.5
+        assert (
+            index[1]["score"] == 25.0 and checkpoint_file.load(tmp_path / expected[1])["model"]["w"][0, 0].item() == 2.5
+        )
 
 
 def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
@@ -295,7 +298,7 @@ def test_non_finite_weights_are_never_written(tmp_path):
     bad["model"]["w"][1, 1] = float("nan")
     path = tmp_path / "update_00000001.pt"
     with pytest.raises(NMTError, match="non-finite weights \\(w\\)"):
-        checkpoint.save(bad, path)
+        checkpoint_file.save(bad, path)
     assert not path.exists()
 
 
@@ -307,18 +310,18 @@ def test_a_kill_while_an_average_is_written_again_never_leaves_its_old_score_on_
     m.save_best(payload(5.0), 5, score=40.0)
     m.save_average(payload(1.0), "average_last_3.pt", 45.0, [1, 2, 3], by_training=True)
     assert m.model_path() == tmp_path / "average_last_3.pt"  # 45 beats the best's 40
-    real = checkpoint.atomic_write_bytes
+    real = checkpoint_file.atomic_write_bytes
 
     def killed_before_recording(path, data):
         if path.name == "index.json" and b"[\n   2,\n   3,\n   4\n  ]" in data:
             raise KeyboardInterrupt  # as a second Ctrl-C's os._exit, or SIGKILL, stops it there
         return real(path, data)
 
-    monkeypatch.setattr(checkpoint, "atomic_write_bytes", killed_before_recording)
+    monkeypatch.setattr(checkpoint_file, "atomic_write_bytes", killed_before_recording)
     with pytest.raises(KeyboardInterrupt):
         m.save_average(payload(2.0), "average_last_3.pt", 30.0, [2, 3, 4], by_training=True)
-    monkeypatch.setattr(checkpoint, "atomic_write_bytes", real)
-    assert torch.equal(checkpoint.load(tmp_path / "average_last_3.pt")["model"]["w"], torch.full((3, 3), 2.0))
+    monkeypatch.setattr(checkpoint_file, "atomic_write_bytes", real)
+    assert torch.equal(checkpoint_file.load(tmp_path / "average_last_3.pt")["model"]["w"], torch.full((3, 3), 2.0))
     # The index names no average now (the next end of training or 'nmt average' makes it again): the
     # best single checkpoint is what translation loads.
     assert m.average_path() is None and m.read_index().get("average") is None
@@ -341,9 +344,9 @@ def test_a_checkpoint_without_usable_weights_is_refused_on_load(tmp_path, model,
     # written past save(), which refuses them: by hand, another program or a damaged run
     path = tmp_path / "best_00000001.pt"
     weights = {} if model is None else {"model": model}
-    torch.save({"format": checkpoint.FORMAT, "progress": {"update": 1}, **weights}, path)
+    torch.save({"format": checkpoint_file.FORMAT, "progress": {"update": 1}, **weights}, path)
     with pytest.raises(NMTError, match=f"best_00000001.pt: .*{message}"):
-        checkpoint.load(path)
+        checkpoint_file.load(path)
 
 
 @pytest.mark.parametrize(
@@ -363,7 +366,7 @@ def test_an_index_of_another_shape_is_read_as_an_unreadable_one(tmp_path, index)
     # (AttributeError, TypeError), or followed a name out of the checkpoint directory
     m = checkpoint.CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=1)
     assert m.save_best(payload(1.0), 1, score=10.0)
-    checkpoint.save(payload(9.0), tmp_path / "outside.pt")
+    checkpoint_file.save(payload(9.0), tmp_path / "outside.pt")
     m.index_path.write_text(index)
     assert m.read_index() == {"best": []}
     assert m.best_path() == m.model_path() == tmp_path / "checkpoints" / "best_00000001.pt"

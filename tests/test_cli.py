@@ -744,7 +744,7 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path
 
 
 def test_a_model_whose_weights_cannot_fit_is_refused_before_its_checkpoint_is_read(trained_run, monkeypatch, capsys):
-    import nmt.checkpoint
+    import nmt.checkpoint_file
     import nmt.model_memory
     from nmt.models import build_model
     from nmt.rundir import RunDir
@@ -762,7 +762,7 @@ def test_a_model_whose_weights_cannot_fit_is_refused_before_its_checkpoint_is_re
         raise AssertionError("the checkpoint was read")
 
     monkeypatch.setattr(nmt.model_memory, "memory_bytes", lambda: weights - 1)
-    monkeypatch.setattr(nmt.checkpoint, "load", load)
+    monkeypatch.setattr(nmt.checkpoint_file, "load", load)
     code, _, err = run_cli(["translate", "--model", run, "--input", src], capsys)
     assert code == 2 and len(err.splitlines()) == 1
     assert err == (

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import tiny_config, write_corpus
 
-from nmt import checkpoint, distributed
+from nmt import checkpoint, checkpoint_file, distributed
 from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.distributed import Outcome, PeerLost, Stopped, World, share
@@ -78,7 +78,7 @@ def _train_at_once(config: Path, runs: list[tuple[list[str], int, dict]]) -> Non
 
 
 def _weights(run_dir: Path, update: int) -> dict[str, torch.Tensor]:
-    return checkpoint.load(run_dir / "checkpoints" / f"update_{update:08d}.pt")["model"]
+    return checkpoint_file.load(run_dir / "checkpoints" / f"update_{update:08d}.pt")["model"]
 
 
 def _max_diff(a: dict, b: dict) -> float:
@@ -164,7 +164,7 @@ def stopped_and_resumed(setup) -> StoppedAndResumed:
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     at_3 = root / "stopped" / "checkpoints" / "update_00000003.pt"
-    progress = checkpoint.load(at_3)["progress"] if at_3.exists() else None  # the tests say what is wrong
+    progress = checkpoint_file.load(at_3)["progress"] if at_3.exists() else None  # the tests say what is wrong
     # Resumed on one process with the same global batches.
     resumed = _train(config, sets + ["train.accumulate=2"], 1, env)
     return StoppedAndResumed(root / "stopped", err, len(steps.read_text().splitlines()), progress, resumed)
@@ -373,7 +373,7 @@ def test_rank_0_saves_when_a_peer_dies_and_the_resumed_run_ends_as_one_left_alon
     assert "[rank" not in ours and "Connection closed" not in ours
     checkpoints = checkpoint.list_checkpoints(root / name / "checkpoints", "update")
     assert [c.update for c in checkpoints] == [saved_at]  # none but the one rank 0 wrote as it ended
-    assert checkpoint.load(checkpoints[0].path)["progress"]["last_validated"] == -1
+    assert checkpoint_file.load(checkpoints[0].path)["progress"]["last_validated"] == -1
     train, valid = read_metrics(root / name)
     assert [r["update"] for r in train] == list(range(1, saved_at + 1)) and not valid  # an update made has its line
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 import yaml
 from conftest import PAIRS, tiny_config
 
-from nmt import checkpoint, export
+from nmt import checkpoint_file, export
 from nmt.batching import make_batch
 from nmt.cli import main
 from nmt.config import DecodeConfig, TokenizerConfig
@@ -274,7 +274,7 @@ def fake_run(tokenizers, tmp_path):
         (run / "spm.model").write_bytes(src_tok.model_path.read_bytes())
         if model_type == "transformer":
             model = short_training(TransformerConfig(**config["model"]), *tokenizers[True])
-            checkpoint.save({"model": model.state_dict()}, run / "checkpoints" / "best_00000001.pt")
+            checkpoint_file.save({"model": model.state_dict()}, run / "checkpoints" / "best_00000001.pt")
         return run
 
     return make

@@ -15,7 +15,7 @@ import torch
 import yaml
 from conftest import NO_SPACE, PAIRS, refuse_writes, tiny_config
 
-from nmt import checkpoint
+from nmt import checkpoint, checkpoint_file
 from nmt.cli import main
 
 
@@ -42,7 +42,7 @@ def wait_for_updates(run_dir: Path, n: int, proc: subprocess.Popen, timeout: flo
 
 def final_model(run_dir: Path):
     [latest, *_] = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
-    return latest.update, checkpoint.load(latest.path)["model"]
+    return latest.update, checkpoint_file.load(latest.path)["model"]
 
 
 # One thread, one product library and one attention kernel: ``auto`` does not cache what it measured on a
@@ -141,7 +141,7 @@ def test_second_sigint_exits_at_once_and_leaves_checkpoints_readable(tmp_path):
     found = checkpoint.list_checkpoints(tmp_path / "run" / "checkpoints", "update")
     assert found and found[0].update >= 10  # validate_every 10: at least one was written before the signals
     for info in found:
-        checkpoint.load(info.path)  # raises on a half-written file
+        checkpoint_file.load(info.path)  # raises on a half-written file
 
 
 # ---------------------------------------------------------------- hostile input, table-driven
@@ -331,15 +331,18 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
     assert "received: checkpoint written at update 12" in err and "Traceback" not in err
     update, model = final_model(tmp_path / "run")
     assert update == 12
-    state = checkpoint.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")
+    state = checkpoint_file.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")
     assert state["progress"]["last_validated"] != 12
 
     # The resumed run trains no further and validates the update it stopped at.
     monkeypatch.setattr(validation, "dev_bleu", real_dev_bleu)
     assert main(["train", "--config", str(config)]) == 0
-    assert checkpoint.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")["progress"]["last_validated"] == 12
+    assert (
+        checkpoint_file.load(tmp_path / "run" / "checkpoints" / "update_00000012.pt")["progress"]["last_validated"]
+        == 12
+    )
     assert (tmp_path / "run" / "checkpoints" / "best_00000012.pt").exists()
-    resumed = checkpoint.load(tmp_path / "run" / "checkpoints" / "best_00000012.pt")["model"]
+    resumed = checkpoint_file.load(tmp_path / "run" / "checkpoints" / "best_00000012.pt")["model"]
     assert all(torch.equal(model[k], resumed[k]) for k in model)
 
 
@@ -430,7 +433,7 @@ def test_a_signal_during_a_validation_gives_it_up_and_the_resumed_run_validates_
     assert "SIGTERM received: checkpoint written at update 3" in err and "Traceback" not in err
     assert len(steps) == 3  # no batch decoded after the signal
     run = tmp_path / "b" / "run"
-    assert checkpoint.load(run / "checkpoints" / "update_00000003.pt")["progress"]["last_validated"] == -1
+    assert checkpoint_file.load(run / "checkpoints" / "update_00000003.pt")["progress"]["last_validated"] == -1
     assert not any(r["type"] == "valid" for r in comparable_records(run)) and not (run / "dev.hyp").exists()
 
     monkeypatch.setattr(testhooks, "validation_step", None)
@@ -442,7 +445,7 @@ def test_a_signal_during_a_validation_gives_it_up_and_the_resumed_run_validates_
     names = sorted(p.name for p in (run / "checkpoints").glob("*.pt"))
     assert names == sorted(p.name for p in (tmp_path / "a" / "run" / "checkpoints").glob("*.pt"))
     for name in names:
-        a, b = (checkpoint.load(r / "checkpoints" / name) for r in (tmp_path / "a" / "run", run))
+        a, b = (checkpoint_file.load(r / "checkpoints" / name) for r in (tmp_path / "a" / "run", run))
         assert a["progress"]["best_update"] == b["progress"]["best_update"], name
         assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"]), name
 
@@ -492,7 +495,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
     config = tiny_config(tmp_path, max_updates=20, validate_every=10, log_every=5)
     assert main(["train", "--config", str(config)]) == 0
     run = tmp_path / "run"
-    saved = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
+    saved = checkpoint_file.load(run / "checkpoints" / "update_00000020.pt")["model"]
     if full in ("dev.hyp", "checkpoints/update_00000030.pt"):  # the next validation's file: the only one refused
         refuse_writes(monkeypatch, Path(full).name)
     else:  # room for a few more lines, then none
@@ -506,7 +509,7 @@ def test_a_disk_that_fills_during_training_stops_it_with_one_line_and_keeps_what
         f"nmt train: error: {run / full}: could not write {what}({NO_SPACE}); what the run wrote before is intact: "
         f"free space, then resume with: nmt train --config {config} --set train.max_updates=40"
     )
-    kept = checkpoint.load(run / "checkpoints" / "update_00000020.pt")["model"]
+    kept = checkpoint_file.load(run / "checkpoints" / "update_00000020.pt")["model"]
     assert all(torch.equal(saved[k], kept[k]) for k in saved)
     assert list((run / "checkpoints").glob("best_*.pt"))  # the new best, where it was written before the state
 

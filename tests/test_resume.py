@@ -14,7 +14,7 @@ import torch
 import yaml
 from conftest import PAIRS, tiny_config
 
-from nmt import checkpoint, testhooks
+from nmt import checkpoint, checkpoint_file, testhooks
 from nmt.cli import main
 from nmt.device import cpu_has_bf16
 from nmt.epoch_plan import resumed_position
@@ -41,7 +41,7 @@ def fail_train_step_at(monkeypatch, update: int, message: str):
 
 def final_weights(run_dir):
     [latest, *_] = checkpoint.list_checkpoints(run_dir / "checkpoints", "update")
-    return latest.update, checkpoint.load(latest.path)["model"]
+    return latest.update, checkpoint_file.load(latest.path)["model"]
 
 
 @pytest.mark.parametrize("library", ["blas", pytest.param("onednn", marks=needs_onednn)])
@@ -104,7 +104,7 @@ def run_outcome(run_dir: Path) -> tuple[dict, list[dict], dict]:
     their wall-clock fields, and index.json."""
     files = {}
     for path in sorted((run_dir / "checkpoints").glob("*.pt")):
-        payload = checkpoint.load(path)
+        payload = checkpoint_file.load(path)
         payload.get("progress", {}).pop("elapsed_seconds", None)
         files[path.name] = payload
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
@@ -233,7 +233,7 @@ def test_resume_with_bigger_batches_goes_on_where_the_old_ones_left_off(tmp_path
     # saved batch index lies past the end of the new plan.
     config = tiny_config(tmp_path, max_updates=3, validate_every=100, max_tokens=40, warmup_updates=1)
     assert main(["train", "--config", str(config)]) == 0
-    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    state = checkpoint_file.load(final_path(tmp_path / "run"))["progress"]
     assert state["epoch"] == 1 and state["batch_in_epoch"] == 3 and state["epoch_batches"] > 3
     capsys.readouterr()
     bigger = ["--set", "train.max_tokens=1024", "--set", "train.max_updates=12"]
@@ -263,12 +263,12 @@ def test_an_epoch_resumed_with_other_batches_and_seed_trains_on_each_of_its_pair
     trained = record_epochs(monkeypatch)
     config = tiny_config(tmp_path, max_updates=2, validate_every=100, max_tokens=24, warmup_updates=1)
     assert main(["train", "--config", str(config)]) == 0
-    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    state = checkpoint_file.load(final_path(tmp_path / "run"))["progress"]
     assert (state["epoch"], state["batch_in_epoch"]) == (1, 2) and state["epoch_batches"] > 2
     capsys.readouterr()
     changed = ["--set", "train.max_tokens=10", "--set", "seed=11"]
     assert main(["train", "--config", str(config), *changed, "--set", "train.max_updates=4"]) == 0
-    assert checkpoint.load(final_path(tmp_path / "run"))["progress"]["epoch"] == 1
+    assert checkpoint_file.load(final_path(tmp_path / "run"))["progress"]["epoch"] == 1
     err = capsys.readouterr().err
     assert "resuming with train.max_tokens 24 -> 10; seed 3 -> 11: the " in err
     assert "pairs of epoch 1 not yet trained on are batched again with the new values" in err
@@ -286,7 +286,7 @@ def test_adamw_settings_changed_on_resume_are_the_ones_the_optimizer_goes_on_wit
     capsys.readouterr()
     changed = ["train.betas=[0.8,0.9]", "train.adam_eps=1e-3", "train.weight_decay=0.1", "train.max_updates=5"]
     assert main(["train", "--config", str(config), *[a for s in changed for a in ("--set", s)]]) == 0
-    [group] = checkpoint.load(final_path(tmp_path / "run"))["optimizer"]["param_groups"]
+    [group] = checkpoint_file.load(final_path(tmp_path / "run"))["optimizer"]["param_groups"]
     assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-3, 0.1)
     assert (
         "resuming with train.betas [0.9, 0.98] -> [0.8, 0.9]; train.adam_eps 1e-08 -> 0.001; "
@@ -516,7 +516,7 @@ def test_an_update_out_of_memory_whose_state_cannot_be_written_still_says_out_of
 
     def save(self):
         if self.progress.update == 4 and write_fails == "disk full":
-            raise checkpoint.CheckpointNotWritten(Path("update_00000004.pt"), "No space left on device", True)
+            raise checkpoint_file.CheckpointNotWritten(Path("update_00000004.pt"), "No space left on device", True)
         if self.progress.update == 4:
             raise RuntimeError("[enforce fail at inline_container.cc:672] . unexpected pos 4888896 vs 3840272")
         real_save(self)
@@ -684,7 +684,7 @@ def test_extending_a_run_decayed_over_its_time_budget_warns_of_the_rate_it_goes_
     budget = {"max_updates": None, "max_epochs": 10_000, "schedule": "linear", "warmup_updates": 1}
     config = tiny_config(tmp_path, max_minutes=0.001, validate_every=10_000, **budget)
     assert main(["train", "--config", str(config)]) == 0
-    state = checkpoint.load(final_path(tmp_path / "run"))["progress"]
+    state = checkpoint_file.load(final_path(tmp_path / "run"))["progress"]
     update, elapsed = state["update"], state["elapsed_seconds"]
     capsys.readouterr()
     longer = f"train.max_minutes={2 * elapsed / 60!r}"
@@ -892,7 +892,7 @@ def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before
     passed_over = f"{run / 'checkpoints' / 'update_00000006.pt'}: not a training state nmt can resume ({said}"
     assert passed_over in log and "; trying an older checkpoint" in log
     assert "resuming at update 3 (epoch 4, batch 0)" in log
-    assert checkpoint.load(run / "checkpoints" / "update_00000004.pt")["progress"]["update"] == 4
+    assert checkpoint_file.load(run / "checkpoints" / "update_00000004.pt")["progress"]["update"] == 4
 
 
 def test_adamw_settings_a_resume_replaces_may_be_any_number_in_a_training_state(run_with_two_states, tmp_path, capsys):
@@ -908,7 +908,7 @@ def test_adamw_settings_a_resume_replaces_may_be_any_number_in_a_training_state(
     assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=7"]) == 0
     log = capsys.readouterr().err
     assert "resuming at update 6 (epoch 7, batch 0)" in log and "trying an older checkpoint" not in log
-    state = checkpoint.load(run / "checkpoints" / "update_00000007.pt")
+    state = checkpoint_file.load(run / "checkpoints" / "update_00000007.pt")
     [group] = state["optimizer"]["param_groups"]
     assert (tuple(group["betas"]), group["eps"], group["weight_decay"]) == ((0.9, 0.98), 1e-8, 0.0)
     assert math.isfinite(group["lr"]) and all(torch.isfinite(w).all() for w in state["model"].values())

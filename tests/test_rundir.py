@@ -154,7 +154,7 @@ def test_a_best_checkpoint_the_trainer_replaces_as_translate_picks_it_gives_the_
 ):
     """With the default keep_best 1 every better validation deletes the best before it: a translate
     that picked that one just before gets the new best, not 'cannot read checkpoint'."""
-    from nmt import checkpoint, translate
+    from nmt import checkpoint, checkpoint_file, translate
 
     run = copy_run(trained, tmp_path)
     checkpoints = checkpoint.CheckpointManager(run / "checkpoints", keep_last=2, keep_best=1, clean=False)
@@ -163,7 +163,7 @@ def test_a_best_checkpoint_the_trainer_replaces_as_translate_picks_it_gives_the_
 
     def trainer_writes_a_better_one(*paths):
         if picked.exists():
-            checkpoints.save_best(checkpoint.load(picked), 999, score=1000.0)  # deletes the one picked
+            checkpoints.save_best(checkpoint_file.load(picked), 999, score=1000.0)  # deletes the one picked
         return load_tokenizers(*paths)
 
     monkeypatch.setattr(translate, "load_tokenizers", trainer_writes_a_better_one)

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import NO_SPACE, refuse_writes, tiny_config
 
-from nmt import checkpoint
+from nmt import checkpoint_file
 from nmt.cli import main
 from nmt.config import DecodeConfig, load_config
 from nmt.errors import NMTError
@@ -147,7 +147,7 @@ def test_the_report_names_the_checkpoint_loaded_not_a_second_resolution(tmp_path
     config = tiny_config(tmp_path, max_updates=40, validate_every=20)
     assert main(["train", "--config", str(config)]) == 0
     run = tmp_path / "run"
-    loaded, load, resolve = [], checkpoint.load, RunDir.model_checkpoint
+    loaded, load, resolve = [], checkpoint_file.load, RunDir.model_checkpoint
 
     def recorded_load(path, *args, **kwargs):
         loaded.append(path.name)
@@ -158,7 +158,7 @@ def test_the_report_names_the_checkpoint_loaded_not_a_second_resolution(tmp_path
         monkeypatch.setattr(RunDir, "model_checkpoint", lambda *_: self.checkpoint_dir / "update_00000020.pt")
         return first
 
-    monkeypatch.setattr(checkpoint, "load", recorded_load)
+    monkeypatch.setattr(checkpoint_file, "load", recorded_load)
     monkeypatch.setattr(RunDir, "model_checkpoint", resolved_then_changed)
     tune_decode(RunDir.existing(run), [1], [1.0], "cpu", "last", lambda _: None)
     assert loaded == ["update_00000040.pt"]
