@@ -13,8 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from nmt import checkpoint_file
 from nmt.errors import NMTError
 from nmt.saved_numbers import is_number, is_whole_number
@@ -305,56 +303,3 @@ def last_state_recorded(directory: Path) -> int | None:
     except (OSError, ValueError, AttributeError):
         return None
     return update if isinstance(update, int) else None
-
-
-def rng_state(on_cuda: bool = False) -> dict[str, Any]:
-    """The random state to save: Python's and torch's CPU generator, and with ``on_cuda`` (a run that
-    computes on a GPU) the GPUs'. Reading a GPU's state initialises CUDA: a CPU run on a machine with
-    a GPU would take GPU memory for it, and fail where another job holds the GPU."""
-    import random
-
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if on_cuda:
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def rng_state_problem(state: dict[str, Any]) -> str | None:
-    """What in a saved random state ``set_rng_state`` could not put back, in words, or None. Each part
-    is tried on a generator of its own, so that the process's are left as they are."""
-    import random
-
-    python, cpu, gpus = state.get("python"), state.get("torch"), state.get("cuda", [])
-    try:
-        version, internal, gauss = python
-        random.Random().setstate((version, tuple(internal), gauss))
-        if gauss is not None and not isinstance(gauss, float):
-            raise TypeError("gauss")
-    except (TypeError, ValueError, OverflowError):
-        return "rng.python is not a Python random state"
-    try:
-        if not isinstance(cpu, torch.Tensor):
-            raise TypeError("torch")
-        torch.Generator().set_state(cpu)
-    except (TypeError, RuntimeError):
-        return "rng.torch is not a torch random state"
-    if not isinstance(gpus, (list, tuple)) or not all(
-        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in gpus
-    ):
-        return "rng.cuda is not a list of GPU random states"
-    return None
-
-
-def set_rng_state(state: dict[str, Any], on_cuda: bool = False) -> None:
-    """Put back a state ``rng_state`` returned; the GPUs' part only with ``on_cuda`` (a run computing on
-    a GPU): a CPU run resumed from a GPU run's checkpoint would otherwise initialise CUDA for nothing,
-    and fail where another job holds the GPU."""
-    import random
-
-    version, internal, gauss = state["python"]
-    random.setstate((version, tuple(internal), gauss))
-    torch.set_rng_state(state["torch"])
-    if on_cuda and "cuda" in state and torch.cuda.is_available():
-        # One state per GPU the saving process saw: a run saved where more were visible (8 ranks,
-        # resumed with 4 on another machine) holds states for devices not here, which torch refuses.
-        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])

@@ -21,7 +21,7 @@ from dataclasses import asdict
 import numpy as np
 import torch
 
-from nmt import autotune, checkpoint, distributed, testhooks
+from nmt import autotune, distributed, testhooks
 from nmt.average import average_last, dev_scorer
 from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch
 from nmt.config import Config, config_to_dict
@@ -58,7 +58,7 @@ from nmt.scoring import bleu_metric
 from nmt.signals import Interrupted
 from nmt.train_log import TrainLog
 from nmt.training_kernels import check_compile, choose_kernels
-from nmt.training_state import Progress, resume_problem, training_state
+from nmt.training_state import Progress, resume_problem, rng_state, set_rng_state, training_state
 from nmt.translate import Translator
 from nmt.validation import dev_scores, judge, valid_line, valid_record
 
@@ -228,7 +228,7 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
         self._state_written_at = self.progress.update
-        checkpoint.set_rng_state(state["rng"], self.device.type == "cuda")
+        set_rng_state(state["rng"], self.device.type == "cuda")
         p = self.progress
         for line in resumed_lines(p, changed, self.world.world_size, self.cfg.train.accumulate):
             self.log(line)
@@ -284,7 +284,7 @@ class Trainer:
         self.optimizer.zero_grad(set_to_none=True)
         # The random state the update starts from: dropout draws from it, and a state written for a
         # failed update must not count the draws of its batches that ran (the resumed run redoes them).
-        rng = checkpoint.rng_state(self.device.type == "cuda") if self.save_before_failed_update else None
+        rng = rng_state(self.device.type == "cuda") if self.save_before_failed_update else None
         try:
             batches, sums = self._gradients(mine, weight, n_tokens)
         except Exception as e:  # nothing of this update is in the weights, the optimizer or the position yet
@@ -354,7 +354,7 @@ class Trainer:
             return
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
         if rng is not None:  # as the update found it: the process ends with the error
-            checkpoint.set_rng_state(rng, self.device.type == "cuda")
+            set_rng_state(rng, self.device.type == "cuda")
         try:
             self.save()
         # A full disk, or no memory for the write either (torch.save then ends in a RuntimeError of its

@@ -1,12 +1,14 @@
 """The training state, the thing a resume reads: what ``Trainer.save`` writes in ``update_N.pt``
-(``training_state``: the model, the optimizer, the loss scaler, ``Progress``, the random generators,
-the run's fingerprint), and the checks that a saved one can be restored (``resume_problem``).
+(``training_state``: the model, the optimizer, the loss scaler, ``Progress``, the random generators'
+state, which ``set_rng_state`` puts back, the run's fingerprint), and the checks that a saved one can be
+restored (``resume_problem``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import MISSING, asdict, dataclass, field, fields
+from typing import Any
 
 import torch
 
@@ -237,6 +239,59 @@ def scaler_state_problem(saved: object) -> str | None:
     return None
 
 
+def rng_state(on_cuda: bool = False) -> dict[str, Any]:
+    """The random state to save: Python's and torch's CPU generator, and with ``on_cuda`` (a run that
+    computes on a GPU) the GPUs'. Reading a GPU's state initialises CUDA: a CPU run on a machine with
+    a GPU would take GPU memory for it, and fail where another job holds the GPU."""
+    import random
+
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if on_cuda:
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def rng_state_problem(state: dict[str, Any]) -> str | None:
+    """What in a saved random state ``set_rng_state`` could not put back, in words, or None. Each part
+    is tried on a generator of its own, so that the process's are left as they are."""
+    import random
+
+    python, cpu, gpus = state.get("python"), state.get("torch"), state.get("cuda", [])
+    try:
+        version, internal, gauss = python
+        random.Random().setstate((version, tuple(internal), gauss))
+        if gauss is not None and not isinstance(gauss, float):
+            raise TypeError("gauss")
+    except (TypeError, ValueError, OverflowError):
+        return "rng.python is not a Python random state"
+    try:
+        if not isinstance(cpu, torch.Tensor):
+            raise TypeError("torch")
+        torch.Generator().set_state(cpu)
+    except (TypeError, RuntimeError):
+        return "rng.torch is not a torch random state"
+    if not isinstance(gpus, (list, tuple)) or not all(
+        isinstance(t, torch.Tensor) and t.dtype == torch.uint8 and t.dim() == 1 for t in gpus
+    ):
+        return "rng.cuda is not a list of GPU random states"
+    return None
+
+
+def set_rng_state(state: dict[str, Any], on_cuda: bool = False) -> None:
+    """Put back a state ``rng_state`` returned; the GPUs' part only with ``on_cuda`` (a run computing on
+    a GPU): a CPU run resumed from a GPU run's checkpoint would otherwise initialise CUDA for nothing,
+    and fail where another job holds the GPU."""
+    import random
+
+    version, internal, gauss = state["python"]
+    random.setstate((version, tuple(internal), gauss))
+    torch.set_rng_state(state["torch"])
+    if on_cuda and "cuda" in state and torch.cuda.is_available():
+        # One state per GPU the saving process saw: a run saved where more were visible (8 ranks,
+        # resumed with 4 on another machine) holds states for devices not here, which torch refuses.
+        torch.cuda.set_rng_state_all(state["cuda"][: torch.cuda.device_count()])
+
+
 def training_state(
     model: torch.nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -251,7 +306,7 @@ def training_state(
         "optimizer": optimizer.state_dict(),
         "scaler": scaler.state_dict() if scaler.is_enabled() else {},
         "progress": asdict(progress),
-        "rng": checkpoint.rng_state(on_cuda),
+        "rng": rng_state(on_cuda),
         "fingerprint": fingerprint,
     }
 
@@ -263,7 +318,7 @@ def resume_problem(info: checkpoint.CheckpointInfo, state: dict, optimizer: torc
     return (
         fingerprint_problem(state.get("fingerprint"))
         or progress_problem(state["progress"], info.update)
-        or checkpoint.rng_state_problem(state["rng"])
+        or rng_state_problem(state["rng"])
         or optimizer_state_problem(state["optimizer"], optimizer)
         or scaler_state_problem(state.get("scaler"))
     )

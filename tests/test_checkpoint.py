@@ -258,41 +258,6 @@ def test_resume_refuses_to_start_over_when_every_state_is_corrupt(tmp_path):
     assert checkpoint.CheckpointManager(tmp_path / "fresh", keep_last=3, keep_best=1).load_latest_state(print) is None
 
 
-def test_rng_state_roundtrip():
-    import random
-
-    state = checkpoint.rng_state()
-    a = (random.random(), torch.rand(3))
-    checkpoint.set_rng_state(state)
-    b = (random.random(), torch.rand(3))
-    assert a[0] == b[0] and torch.equal(a[1], b[1])
-
-
-def test_rng_state_holds_the_gpus_state_only_for_a_run_on_a_gpu(monkeypatch):
-    gpus = [torch.full((16,), 7, dtype=torch.uint8)]
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: gpus)
-    assert checkpoint.rng_state(on_cuda=True)["cuda"] is gpus
-    assert "cuda" not in checkpoint.rng_state(on_cuda=False)  # a CPU run never initialises CUDA for it
-
-
-def test_rng_state_saved_where_more_gpus_were_visible_restores_those_present(monkeypatch):
-    """An 8-GPU torchrun job's checkpoint holds 8 CUDA generator states; resumed with fewer GPUs, torch's
-    set_rng_state_all would index generators that do not exist (IndexError), so only those present are set."""
-    import random
-
-    restored = []
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.cuda.random, "set_rng_state", lambda state, device: restored.append((state, device)))
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}  # as saved, less rng_state()'s CUDA call
-    state["cuda"] = [torch.full((16,), 1, dtype=torch.uint8), torch.full((16,), 2, dtype=torch.uint8)]
-    checkpoint.set_rng_state(state, on_cuda=True)
-    assert [(int(s[0]), device) for s, device in restored] == [(1, 0)]
-    checkpoint.set_rng_state(state, on_cuda=False)  # a CPU run resumed from a GPU run's checkpoint
-    assert len(restored) == 1  # never initialises CUDA for it
-
-
 def test_non_finite_weights_are_never_written(tmp_path):
     bad = payload(1.0)
     bad["model"]["w"][1, 1] = float("nan")
