@@ -9,7 +9,7 @@ Layout of a data directory (``<run_dir>/data/train/``)::
     index.json            written last of all: the whole preparation is complete
 
 Every file is written under a temporary name and renamed, so a crash leaves complete files
-and hidden temporaries only. Training opens a directory only through ``index.json``; an
+and hidden temporaries only. Training opens a directory only through ``index.json`` (``nmt.shards``); an
 interrupted preparation, rerun with the same fingerprint, keeps its complete shards and
 encodes the rest. No torch in this module: workers import it.
 """
@@ -38,10 +38,8 @@ from nmt.corpus import clean_pairs, filter_by_length
 from nmt.corpus_spec import Chunk
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, is_temporary
+from nmt.shards import ARRAYS, INDEX
 from nmt.tokenizer import Tokenizer
-
-INDEX = "index.json"
-_ARRAYS = ("src", "trg", "off")
 
 
 def id_dtype(vocab_size: int) -> np.dtype:
@@ -139,7 +137,7 @@ def _complete_shard(directory: Path, index: int, fingerprint: str) -> dict | Non
     name = _shard_name(index)
     try:
         meta = json.loads((directory / f"{name}.json").read_text())
-        sizes = {key: (directory / f"{name}.{key}.npy").stat().st_size for key in _ARRAYS}
+        sizes = {key: (directory / f"{name}.{key}.npy").stat().st_size for key in ARRAYS}
     except (OSError, ValueError):
         return None
     if meta.get("fingerprint") != fingerprint or meta.get("bytes") != sizes:
@@ -182,7 +180,7 @@ def _clear(directory: Path, keep_fingerprint: str) -> dict[int, dict]:
         if meta is not None:
             kept[index] = meta
             continue
-        for key in _ARRAYS:
+        for key in ARRAYS:
             (directory / f"{meta_path.stem}.{key}.npy").unlink(missing_ok=True)
         meta_path.unlink(missing_ok=True)
     return kept
@@ -346,125 +344,3 @@ def binarize(
     with _writing(directory):
         atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())
     return index
-
-
-def read_index(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / INDEX).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-class _NpyReader:
-    """Positioned reads (``pread``) from an ``.npy`` file's data.
-
-    The same kernel page cache a memory map would use, but no page is mapped into the process:
-    with ``np.load(mmap_mode="r")`` every page touched (and the fault-around pages next to it)
-    counts in the trainer's resident memory, which then grows to the size of the shards.
-    """
-
-    def __init__(self, path: Path):
-        with open(path, "rb") as f:
-            version = np.lib.format.read_magic(f)
-            if version == (1, 0):
-                shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
-            else:
-                shape, fortran, dtype = np.lib.format.read_array_header_2_0(f)
-            self.data_offset = f.tell()
-        if fortran:
-            raise ValueError("Fortran-ordered array")
-        self.path, self.shape, self.dtype = path, shape, np.dtype(dtype)
-        self.fd = os.open(path, os.O_RDONLY)
-
-    def read(self, start: int, stop: int) -> np.ndarray:
-        """Elements ``start:stop`` of the flattened (C-order) array."""
-        size = self.dtype.itemsize
-        data = os.pread(self.fd, (stop - start) * size, self.data_offset + start * size)
-        if len(data) != (stop - start) * size:
-            raise NMTError(f"{self.path}: shard is shorter than its header says (truncated?)")
-        return np.frombuffer(data, dtype=self.dtype)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-    __del__ = close
-
-
-def _allow_open_files(n: int) -> None:
-    """Three descriptors per shard stay open: raise the soft limit (up to the hard one) if needed."""
-    try:
-        import resource
-
-        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-        if soft != resource.RLIM_INFINITY and soft < n + 256:
-            target = n + 256 if hard == resource.RLIM_INFINITY else min(hard, n + 256)
-            resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, target), hard))
-    except (ImportError, ValueError, OSError):
-        pass
-
-
-class ShardedCorpus:
-    """A prepared training set read straight from its shards: only the two length arrays live in RAM.
-
-    ``pairs(rows)`` returns the ids of the requested pairs as small numpy arrays, read with
-    positioned reads through the page cache, so resident memory does not grow with the corpus.
-    """
-
-    def __init__(self, directory: Path):
-        index = read_index(directory)
-        if index is None or index.get("format") != "nmt-shards-1":
-            raise NMTError(f"{directory}: not a finished data preparation (no {INDEX}); run `nmt prepare` again")
-        self.directory = directory
-        _allow_open_files(3 * len(index["shards"]))
-        self._files: list[dict[str, _NpyReader]] = []
-        for name in index["shards"]:
-            meta = json.loads((directory / f"{name}.json").read_text())
-            files = {}
-            for key in _ARRAYS:
-                path = directory / f"{name}.{key}.npy"
-                try:
-                    size = path.stat().st_size
-                    if size != meta["bytes"][key]:
-                        raise NMTError(f"{path}: shard has {size} bytes, expected {meta['bytes'][key]} (truncated?)")
-                    files[key] = _NpyReader(path)
-                except (OSError, ValueError) as e:
-                    raise NMTError(f"{path}: unreadable shard ({e})") from None
-            self._files.append(files)
-        counts = [files["off"].shape[1] - 1 for files in self._files]
-        self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
-        np.cumsum(counts, out=self._starts[1:])
-        self.src_lens = self._lengths(0)
-        self.trg_lens = self._lengths(1)
-
-    def _lengths(self, side: int) -> np.ndarray:
-        parts = []
-        for files in self._files:
-            width = files["off"].shape[1]
-            parts.append(np.diff(files["off"].read(side * width, (side + 1) * width)))
-        lengths = np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64)
-        return lengths.astype(np.uint16 if lengths.max(initial=0) < 2**16 else np.uint32)
-
-    def __len__(self) -> int:
-        return int(self._starts[-1])
-
-    def pairs(self, rows: Sequence[int]) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Source and target ids of the pairs at global indices ``rows``, in that order."""
-        rows = np.asarray(rows, dtype=np.int64)
-        shards = np.searchsorted(self._starts, rows, side="right") - 1
-        src, trg = [], []
-        for shard, local in zip(shards.tolist(), (rows - self._starts[shards]).tolist()):
-            files = self._files[shard]
-            off, width = files["off"], files["off"].shape[1]
-            s0, s1 = off.read(local, local + 2).tolist()
-            t0, t1 = off.read(width + local, width + local + 2).tolist()
-            src.append(files["src"].read(s0, s1))
-            trg.append(files["trg"].read(t0, t1))
-        return src, trg
-
-    def close(self) -> None:
-        for files in self._files:
-            for reader in files.values():
-                reader.close()
-        self._files = []

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.binarize import ShardedCorpus, ShardSpec, binarize, id_dtype, read_index, remove_shards
+from nmt.binarize import ShardSpec, binarize, id_dtype, remove_shards
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
     clean_pairs,
@@ -34,6 +34,7 @@ from nmt.hf_corpus import hub_commit, hub_where
 from nmt.machine import usable_cpus
 from nmt.run_config import config_differences
 from nmt.rundir import RunDir
+from nmt.shards import ShardedCorpus, read_index
 from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
 
 

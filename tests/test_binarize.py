@@ -25,7 +25,7 @@ import pytest
 from conftest import PAIRS, cache_hub_dataset, tiny_config, write_corpus
 
 from nmt import binarize as bz
-from nmt import testhooks
+from nmt import shards, testhooks
 from nmt.batching import token_batches
 from nmt.config import Config, load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
@@ -87,7 +87,7 @@ def test_memory_mapped_ids_equal_direct_encoding(tmp_path, workers):
     rows = [len(corpus) - 1, 0, 99, 100, 101, 555]
     assert [s.tolist() for s in corpus.pairs(rows)[0]] == [src_ids[i] for i in rows]
     directory = RunDir(cfg.run_dir).train_data_dir
-    index = json.loads((directory / bz.INDEX).read_text())
+    index = json.loads((directory / shards.INDEX).read_text())
     assert len(index["shards"]) == 10 and index["dtype"] == "uint16"
     # The shards are plain .npy files: a memory map of one holds its pairs' ids back to back.
     kept = json.loads((directory / "shard-00000.json").read_text())["kept"]
@@ -165,10 +165,10 @@ def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
     monkeypatch.setattr(bz, "_save_npy", crash_in_shard_3)
     with pytest.raises(KeyboardInterrupt):
         prepare(cfg, RunDir(run_dir), lambda m: None)
-    assert not (directory / bz.INDEX).exists()
+    assert not (directory / shards.INDEX).exists()
     assert (directory / "shard-00003.src.npy").exists() and not (directory / "shard-00003.json").exists()
     with pytest.raises(NMTError, match="not a finished data preparation"):
-        bz.ShardedCorpus(directory)
+        shards.ShardedCorpus(directory)
 
     monkeypatch.setattr(bz, "_save_npy", real_save)
     calls = []
@@ -191,7 +191,7 @@ def test_binarize_resumes_only_unfinished_shards(tmp_path):
     run_dir = Path(cfg.run_dir)
     prepare(cfg, RunDir(run_dir), lambda m: None)
     directory = RunDir(run_dir).train_data_dir
-    (directory / bz.INDEX).unlink()
+    (directory / shards.INDEX).unlink()
     (directory / "shard-00002.json").unlink()  # as if killed after shard 2's arrays, before its metadata
     calls = []
     spec_index = json.loads((directory / "shard-00000.json").read_text())["fingerprint"]
@@ -200,7 +200,7 @@ def test_binarize_resumes_only_unfinished_shards(tmp_path):
     chunks = iter_parallel(cfg.data.train, "de", "en", cfg.data.shard_pairs)
     bz.binarize(chunks, spec, 1, lambda m: None, encode=lambda s, i, *a: calls.append(i) or bz.encode_shard(s, i, *a))
     assert calls == [2]
-    assert len(bz.ShardedCorpus(directory)) > 0
+    assert len(shards.ShardedCorpus(directory)) > 0
 
 
 def test_truncated_shard_is_refused_with_its_name(tmp_path):
@@ -209,7 +209,7 @@ def test_truncated_shard_is_refused_with_its_name(tmp_path):
     victim = RunDir(cfg.run_dir).train_data_dir / "shard-00001.trg.npy"
     victim.write_bytes(victim.read_bytes()[:-10])
     with pytest.raises(NMTError) as err:
-        bz.ShardedCorpus(victim.parent)
+        shards.ShardedCorpus(victim.parent)
     assert str(victim) in str(err.value) and "truncated" in str(err.value)
 
 
@@ -319,7 +319,7 @@ def test_nmt_prepare_then_train_reuses_the_shards(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1)
     assert main(["prepare", "--config", str(config)]) == 0
     err = capsys.readouterr().err
-    assert "prepared 8 training pairs" in err and (tmp_path / "run" / "data" / "train" / bz.INDEX).exists()
+    assert "prepared 8 training pairs" in err and (tmp_path / "run" / "data" / "train" / shards.INDEX).exists()
     assert main(["train", "--config", str(config)]) == 0
     assert "train: reusing 8 encoded pairs in 1 shards" in capsys.readouterr().err
 
@@ -409,7 +409,7 @@ def test_a_signal_to_the_process_group_while_workers_encode_stops_cleanly(tmp_pa
     assert "nmt prepare: interrupted" in err and "Traceback" not in err, err
     assert main(argv) == 0
     assert "3 complete shards kept" in capsys.readouterr().err
-    assert len(bz.ShardedCorpus(tmp_path / "run" / "data" / "train")) > 0
+    assert len(shards.ShardedCorpus(tmp_path / "run" / "data" / "train")) > 0
 
 
 def test_a_worker_killed_from_outside_ends_the_preparation_with_an_error_not_a_wait(tmp_path, capsys):
@@ -518,7 +518,7 @@ def test_more_workers_than_cpus_start_one_process_per_cpu(tmp_path):
     cfg = _config(tmp_path, 450, workers=cpus + 3)
     lines = []
     prepare(cfg, RunDir(cfg.run_dir), lines.append)
-    index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
+    index = json.loads((RunDir(cfg.run_dir).train_data_dir / shards.INDEX).read_text())
     assert index["workers"] == cpus  # a pool of one per CPU (none on one CPU)
     assert any(f"data.workers {cpus + 3} is more than the {cpus} CPU" in line for line in lines)
 
@@ -530,7 +530,7 @@ def test_workers_are_bounded_by_the_cpus_this_process_may_use(tmp_path, monkeypa
     cfg = _config(tmp_path, 450, workers=3)
     lines = []
     prepare(cfg, RunDir(cfg.run_dir), lines.append)
-    index = json.loads((RunDir(cfg.run_dir).train_data_dir / bz.INDEX).read_text())
+    index = json.loads((RunDir(cfg.run_dir).train_data_dir / shards.INDEX).read_text())
     assert index["workers"] == 1
     assert "train: data.workers 3 is more than the 1 CPU this process may use: one process per CPU" in lines
 
