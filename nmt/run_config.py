@@ -25,9 +25,12 @@ _FROZEN_SECTIONS = ("model", "tokenizer")
 _FROZEN_DATA_KEYS = ("src_lang", "trg_lang")
 # What dev BLEU is measured with: the best checkpoints (keep_best, the averaged model's standing) and the
 # patience count compare every validation's score, and scores measured two ways do not compare.
+# Validation's output stops at max_len_a * source length + max_len_b, greedy or not.
 _DEV_SCORE_KEYS = (
     ("decode", "bleu_tokenize"),
     ("decode", "bleu_lowercase"),
+    ("decode", "max_len_a"),
+    ("decode", "max_len_b"),
     ("train", "validate_beam_size"),
     ("train", "validate_max_sentences"),
 )

@@ -178,6 +178,9 @@ def test_changed_model_is_refused_on_resume(tmp_path, capsys):
         ("decode.bleu_lowercase=true", "decode.bleu_lowercase: False -> True"),
         ("train.validate_beam_size=2", "train.validate_beam_size: 1 -> 2"),
         ("train.validate_max_sentences=4", "train.validate_max_sentences: None -> 4"),
+        # Validation's output is cut at a * source length + b: shorter, its BLEU falls with the cut.
+        ("decode.max_len_a=0.5", "decode.max_len_a: 1.5 -> 0.5"),
+        ("decode.max_len_b=2", "decode.max_len_b: 4 -> 2"),
     ],
 )
 def test_a_resume_that_measures_dev_bleu_otherwise_is_refused(tmp_path, capsys, change, named):
