@@ -60,7 +60,7 @@ from nmt.train_log import TrainLog
 from nmt.training_kernels import check_compile, choose_kernels
 from nmt.training_state import Progress, resume_problem, rng_state, set_rng_state, training_state
 from nmt.translate import Translator
-from nmt.validation import dev_scores, judge, valid_line, valid_record
+from nmt.validation import dev_digest, dev_scores, dev_set_change, judge, valid_line, valid_record
 
 
 def _told_already(message: str) -> None:
@@ -83,6 +83,7 @@ class Trainer:
         self.world = distributed.world_from_environment()
         self._epochs: EpochPlans | None = None  # the training pairs' epoch plans, once the data is prepared
         self._state_written_at = 0  # the update of the newest training state written or resumed from (0: none)
+        self._dev_data: str | None = None  # the dev set's digest, once asked (``nmt.validation.dev_digest``)
         # Set by the training loop (``nmt.training.run``): an update that fails before its optimizer step
         # first writes the state of the one before. Off elsewhere: ``nmt bench`` never writes a checkpoint.
         self.save_before_failed_update = False
@@ -227,6 +228,8 @@ class Trainer:
         if state.get("scaler"):
             self.scaler.load_state_dict(state["scaler"])
         self.progress = Progress.from_dict(state["progress"])
+        if self.world.is_main and (change := dev_set_change(self.progress, self._dev_digest())) is not None:
+            raise NMTError(change)
         self._state_written_at = self.progress.update
         set_rng_state(state["rng"], self.device.type == "cuda")
         p = self.progress
@@ -425,6 +428,7 @@ class Trainer:
             self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
+        p.dev_data = self._dev_digest()
         is_best = judge(p, bleu, dev_loss)
         record = valid_record(p, dev_loss, bleu, time.perf_counter() - start)
         self.write_metrics(record)
@@ -440,6 +444,11 @@ class Trainer:
         self.save()
         check_signal()  # one that came as the validation ended stops the run now, on every rank
         return record
+
+    def _dev_digest(self) -> str:
+        if self._dev_data is None:
+            self._dev_data = dev_digest(self.data.dev_src, self.data.dev_trg)
+        return self._dev_data
 
     def average(self) -> None:
         """``train.average_last``: the mean of the last N checkpoints, scored on dev and kept; it

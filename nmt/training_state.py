@@ -41,6 +41,9 @@ class Progress:
     plan_epoch: int = 0  # 0: no plan yet (or a checkpoint of an earlier version)
     plan_batchings: list = field(default_factory=list)
     plan_data: str = ""  # digest of the training pairs' lengths, all a plan depends on besides the above
+    # Digest of the dev set the validations were scored on (``nmt.validation.dev_digest``; "": none yet,
+    # or a checkpoint of an earlier version): a resume on another would rank its scores with theirs.
+    dev_data: str = ""
 
     @property
     def update_epoch(self) -> int:

@@ -7,6 +7,7 @@ what a failed validation still saves.
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Callable
 
@@ -61,6 +62,33 @@ def dev_scores(
     dev_loss = evaluate_loss(model, data.dev, data.trg_tok, cfg.train.max_tokens, precision, device, step)
     bleu, hyps = dev_bleu(translator, cfg, data.dev_src, data.dev_trg, step)
     return dev_loss, bleu, hyps
+
+
+def dev_digest(sources: list[str], references: list[str]) -> str:
+    """SHA-256 of a dev set as validation reads it, its sources and references line by line (each
+    line's length first: a dataset's text may hold newlines)."""
+    digest = hashlib.sha256()
+    for side in (sources, references):
+        digest.update(len(side).to_bytes(8, "little"))
+        for line in side:
+            data = line.encode("utf-8", "surrogatepass")
+            digest.update(len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def dev_set_change(p: Progress, digest: str) -> str | None:
+    """Why a run resumed at ``p`` cannot validate on the dev set of ``digest``, or None: its best
+    checkpoints, the patience count and the averaged model's standing compare every validation's
+    score, and scores on two dev sets do not compare. A run that has not validated, or whose state
+    an earlier version wrote (no digest), may take any."""
+    if not p.dev_data or p.last_validated < 0 or p.dev_data == digest:
+        return None
+    return (
+        "cannot resume: data.dev holds other sentences than the dev set this run's validations were "
+        f"scored on (best BLEU {p.best_bleu:.2f} at update {p.best_update}), and the best checkpoints and "
+        "train.patience compare those scores; give that dev set again (moved files are fine: it is "
+        "recognised by its text), or use a new run_dir"
+    )
 
 
 def judge(p: Progress, bleu: float, dev_loss: float) -> bool:

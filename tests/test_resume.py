@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from conftest import PAIRS, tiny_config
+from conftest import PAIRS, tiny_config, write_corpus
 
 from nmt import checkpoint, checkpoint_file, testhooks
 from nmt.cli import main
@@ -22,6 +22,8 @@ from nmt.errors import NMTError
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
 from nmt.trainer import Trainer
+from nmt.training_state import Progress
+from nmt.validation import dev_digest, dev_set_change
 
 needs_onednn = pytest.mark.skipif(not onednn_available(), reason="this torch build has no oneDNN products")
 
@@ -197,6 +199,39 @@ def test_a_resume_that_measures_dev_bleu_otherwise_is_refused(tmp_path, capsys, 
     # Before the run's first checkpoint nothing was ranked yet: any key may change.
     fresh = tiny_config(tmp_path / "fresh", max_updates=5, validate_every=5, warmup_updates=2)
     assert main(["train", "--config", str(fresh), "--set", change]) == 0
+
+
+def test_a_resume_on_another_dev_set_is_refused_and_on_the_same_one_moved_is_not(tmp_path, capsys):
+    # Its scores would be ranked against the run's earlier ones (best checkpoints, patience) as if
+    # they compared: a dev set with one sentence changed resumed in silence.
+    config = tiny_config(tmp_path, max_updates=5, validate_every=5, warmup_updates=2)
+    assert main(["train", "--config", str(config)]) == 0
+    index = (tmp_path / "run" / "checkpoints" / "index.json").read_bytes()
+    other = tmp_path / "other"
+    other.mkdir()
+    for lang in ("de", "en"):
+        lines = (tmp_path / "data" / f"train.{lang}").read_text(encoding="utf-8").splitlines()
+        (other / f"moved.{lang}").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        (other / f"changed.{lang}").write_text("\n".join([lines[0] + " x", *lines[1:]]) + "\n", encoding="utf-8")
+    capsys.readouterr()
+    more = ["--set", "train.max_updates=10"]
+    assert main(["train", "--config", str(config), *more, "--set", f"data.dev={other / 'changed'}"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert line.startswith("nmt train: error: cannot resume: data.dev holds other sentences than the dev set")
+    assert (tmp_path / "run" / "checkpoints" / "index.json").read_bytes() == index
+    assert main(["train", "--config", str(config), *more, "--set", f"data.dev={other / 'moved'}"]) == 0
+    assert final_weights(tmp_path / "run")[0] == 10
+
+
+def test_the_dev_digest_tells_lines_apart_and_an_earlier_version_s_state_takes_any_dev_set():
+    assert dev_digest(["a\nb"], ["c"]) != dev_digest(["a", "b"], ["c"])  # a dataset's text may hold newlines
+    assert dev_digest(["a", "b"], ["c"]) != dev_digest(["a"], ["b", "c"])
+    assert dev_digest(["a"], ["b"]) == dev_digest(["a"], ["b"])
+    validated = Progress(update=5, last_validated=5, dev_data=dev_digest(["a"], ["b"]))
+    assert dev_set_change(validated, dev_digest(["a"], ["b"])) is None
+    assert dev_set_change(validated, dev_digest(["a"], ["c"])).startswith("cannot resume: data.dev holds other")
+    assert dev_set_change(Progress(update=5, last_validated=5), dev_digest(["a"], ["c"])) is None  # no digest
+    assert dev_set_change(Progress(update=3, dev_data="x"), "y") is None  # nothing ranked yet
 
 
 def test_a_case_folding_run_an_earlier_version_started_with_cased_bleu_resumes(tmp_path, capsys):
@@ -437,12 +472,13 @@ def test_a_tokenizer_is_trained_again_when_the_training_text_changed_before_the_
 
 def test_a_run_with_checkpoints_keeps_its_tokenizer_when_the_training_text_changed(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
-    assert main(["train", "--config", str(config)]) == 0
+    dev = ["--set", f"data.dev={write_corpus(tmp_path / 'dev', 'dev', PAIRS)}"]  # the same dev set throughout
+    assert main(["train", "--config", str(config), *dev]) == 0
     model = tmp_path / "run" / "spm.model"
     first = model.read_bytes()
     _upper_case_corpus(tmp_path)
     capsys.readouterr()
-    assert main(["train", "--config", str(config), "--set", "train.max_updates=4"]) == 0
+    assert main(["train", "--config", str(config), *dev, "--set", "train.max_updates=4"]) == 0
     assert "training SentencePiece again" not in capsys.readouterr().err
     assert model.read_bytes() == first  # the checkpoints were trained with it
 
