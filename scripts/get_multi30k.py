@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import http.client
 import os
 import shutil
 import sys
@@ -127,6 +128,8 @@ def download_one(url: str) -> bytes:
         raise FetchError(f"could not download {url}: HTTP {e.code}; {HOW_TO_GIVE_DATA}") from e
     except (urllib.error.URLError, TimeoutError, ConnectionError) as e:
         raise FetchError(f"could not download {url}: the machine seems offline; {HOW_TO_GIVE_DATA}") from e
+    except http.client.HTTPException as e:  # IncompleteRead: fewer bytes than the server announced
+        raise FetchError(f"could not download {url}: the download was cut off ({e!r}); {HOW_TO_GIVE_DATA}") from e
     try:
         return gzip.decompress(raw)
     except (OSError, EOFError) as e:

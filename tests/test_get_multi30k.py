@@ -187,3 +187,33 @@ def test_makefile_downloads_on_a_fresh_machine_and_copies_where_shared_data_exis
     (shared / "train.de").write_text("x\n")
     assert makefile_multi30k_dir(project, None) == str(shared)
     assert makefile_multi30k_dir(project, "/elsewhere") == "/elsewhere"
+
+
+class CutOffHandler(http.server.BaseHTTPRequestHandler):
+    """Promises 1,000 bytes and sends a few: a download cut off mid-file."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", "1000")
+        self.end_headers()
+        self.wfile.write(b"\x1f\x8b\x08\x00cut")
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+def test_a_download_cut_off_mid_file_is_one_line_not_a_traceback(tmp_path: Path) -> None:
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import get_multi30k
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), CutOffHandler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}/"
+    try:
+        with pytest.raises(get_multi30k.FetchError, match=r"train\.de\.gz: the download was cut off .*MULTI30K_DIR"):
+            get_multi30k.download_one(f"{url}train.de.gz")
+    finally:
+        server.shutdown()
+        server.server_close()
