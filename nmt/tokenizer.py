@@ -99,6 +99,18 @@ class Tokenizer:
             return []
         return self._sp.encode(lines, out_type=int, num_threads=self._threads)
 
+    def unknown_text(self, lines: list[str]) -> list[list[str]]:
+        """Per line, the stretches of it that encode to the unknown id (text whose characters the
+        model never saw in training), as written in the line; empty for a line without any."""
+        found: list[list[str]] = [[] for _ in lines]
+        with_unknown = [i for i, ids in enumerate(self.encode(lines)) if UNK_ID in ids]
+        if not with_unknown:
+            return found
+        protos = self._sp.encode([lines[i] for i in with_unknown], out_type="proto", num_threads=self._threads)
+        for i, proto in zip(with_unknown, protos):
+            found[i] = [piece.surface for piece in proto.pieces if piece.id == UNK_ID]
+        return found
+
     def pieces(self, ids: list[int]) -> list[str]:
         """The subword pieces of ``ids`` as the model sees them (attention-map labels)."""
         return [self._sp.id_to_piece(i) for i in ids]

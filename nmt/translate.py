@@ -62,6 +62,21 @@ def truncation_warning(line_numbers: list[int], max_src: int) -> str:
     )
 
 
+def unknown_warning(found: list[tuple[int, list[str]]]) -> str:
+    """One warning naming the input lines (1-based) with text the source tokenizer never saw in
+    training, and the first few such stretches: the model reads each as one unknown piece, and a
+    name or symbol in it is usually missing from the translation."""
+    numbers = [n for n, _ in found]
+    shown = ", ".join(map(str, numbers[:10])) + (" ..." if len(numbers) > 10 else "")
+    lines = f"line {shown} holds" if len(numbers) == 1 else f"lines {shown} ({len(numbers)} lines) hold"
+    examples = list(dict.fromkeys(text for _, texts in found for text in texts))
+    quoted = ", ".join(repr(t) for t in examples[:5]) + (" ..." if len(examples) > 5 else "")
+    return (
+        f"warning: input {lines} text the tokenizer never saw in training ({quoted}): "
+        "the model reads it as unknown, and the translation may leave it out"
+    )
+
+
 @dataclass
 class Translator:
     """A model with its tokenizers, ready to translate text. It decodes with its own attention kernel
@@ -211,6 +226,10 @@ def translate_stream(
     non-blank line, the hypothesis with its attention weights."""
     done = 0
     for window in windows:
+        # Said here, once per line of input, not in translate_scored: tune-decode translates its dev set many times.
+        unknown = [(done + 1 + i, texts) for i, texts in enumerate(translator.src_tok.unknown_text(window)) if texts]
+        if unknown:
+            (translator.warn or say)(unknown_warning(unknown))
         scored = translator.translate_scored(window, decode, progress, attention is not None, done + 1)
         for i, hyps in enumerate(scored if attention is not None else ()):
             text, best = hyps[0]

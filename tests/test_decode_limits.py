@@ -131,3 +131,17 @@ def test_decode_values_beyond_range_on_the_command_line_are_refused(tmp_path, ca
         + ("a number in [0, 10]" if option == "--length-penalty" else f"an integer in [0, {2**31}]")
         + f", got '{value}'"
     ]
+
+
+def test_text_the_tokenizer_never_saw_is_named_in_a_warning(run_with_huge_limits, tmp_path, capsys):
+    """Characters absent from the training text reach the model as one unknown piece, which it was
+    never trained to write: the translation drops them without a word unless one is said."""
+    source = tmp_path / "in.de"
+    source.write_text(f"{PAIRS[0][0]}\n{PAIRS[1][0]} 😀\n\nQuokka {PAIRS[2][0]}\n")
+    capsys.readouterr()
+    assert main(["translate", "--model", str(run_with_huge_limits / "run"), "--input", str(source)]) == 0
+    out, err = capsys.readouterr()
+    assert len(out.splitlines()) == 4
+    warnings = [line for line in err.splitlines() if line.startswith("warning")]
+    assert len(warnings) == 1 and warnings[0].startswith("warning: input lines 2, 4 (2 lines) hold text the tokenizer")
+    assert "'😀'" in warnings[0] and "'Q'" in warnings[0]
