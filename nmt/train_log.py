@@ -27,6 +27,10 @@ class TrainLog:
         self._print(message)
         self._to_file(message)
 
+    def file_line(self, message: str) -> None:
+        """To the file only: what the console shows otherwise (the progress bar's numbers)."""
+        self._to_file(message)
+
     def keep_for_file(self, message: str) -> None:
         """``message``, said before the file is open, is written into it as it opens."""
         self._early.append(message)

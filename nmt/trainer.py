@@ -93,6 +93,11 @@ class Trainer:
         if self.world.is_main:
             self.train_log.line(message)
 
+    def log_to_file(self, message: str) -> None:
+        """To ``train.log`` only (rank 0): a line the console shows as a progress bar instead."""
+        if self.world.is_main:
+            self.train_log.file_line(message)
+
     def log_end(self, message: str) -> None:
         """``message`` in ``train.log`` only (the CLI prints it on the console): ``TrainLog.end``."""
         self.train_log.end(message)

@@ -311,12 +311,14 @@ class Report:
         if p.update % trainer.cfg.train.log_every == 0:
             rate = self.window_tokens / max(time.perf_counter() - self.window_start, 1e-9)
             self.restart_window()
+            line = (
+                f"update {p.update} epoch {p.update_epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
+                f"|g| {stats['grad_norm']:.2f} {rate:.0f} tgt tok/s"
+            )
             if self.bar is None:
-                trainer.log(
-                    f"update {p.update} epoch {p.update_epoch} loss {stats['loss']:.3f} lr {stats['lr']:.2e} "
-                    f"|g| {stats['grad_norm']:.2f} {rate:.0f} tgt tok/s"
-                )
-            else:
+                trainer.log(line)
+            else:  # the bar shows it on the terminal; train.log keeps the line, as a run without one
+                trainer.log_to_file(line)
                 self.bar.set_postfix_str(f"loss {stats['loss']:.3f} lr {stats['lr']:.1e} {rate:.0f} tok/s")
         if self.bar is not None:
             self.bar.update(1)

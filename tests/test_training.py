@@ -445,3 +445,25 @@ def test_cpu_training_on_a_machine_with_a_gpu_never_initialises_cuda(tmp_path, m
     assert main(["train", "--config", str(config)]) == 0
     state = torch.load(tmp_path / "run" / "checkpoints" / "update_00000004.pt", weights_only=True)
     assert "cuda" not in state["rng"]
+
+
+def test_train_log_keeps_the_update_lines_a_terminal_shows_as_a_progress_bar(tmp_path, monkeypatch):
+    # On a terminal the loss, lr and throughput go to tqdm's bar; train.log is what is left of the
+    # run once the terminal is closed, and holds them as a run under nohup writes them.
+    import io
+    import sys
+
+    from nmt import training
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stderr", Terminal())
+    config = tiny_config(tmp_path, max_updates=40, validate_every=40, log_every=20, threads=1)
+    training.train(load_config(config), lambda message: None)
+    log = (tmp_path / "run" / "train.log").read_text()
+    words = [line.split()[2:] for line in log.splitlines()]  # after the date and time
+    updates = [w for w in words if w[0] == "update"]
+    assert [w[1] for w in updates] == ["20", "40"] and all(w[4] == "loss" and w[8] == "|g|" for w in updates)
+    assert "loss" in sys.stderr.getvalue()  # the bar's
