@@ -67,9 +67,12 @@ def device_memory(device: torch.device, processes: int = 1) -> tuple[int | None,
 
 
 def size_keys(cfg: ModelConfig, src_vocab_size: int, trg_vocab_size: int) -> str:
-    """The keys that make the model's size, with their values: what to lower."""
+    """The keys that make the model's size, with their values: what to lower. A Transformer's
+    max_positions sizes its position table (a parameter when learned, else a buffer): 2^24 learned
+    positions of 128 dimensions are 2.1 billion parameters."""
     width = ["d_model", "ff_size"] if cfg.type == "transformer" else ["d_model", "rnn_hidden"]
-    keys = [f"model.{k} {getattr(cfg, k)}" for k in (*width, "encoder_layers", "decoder_layers")]
+    depth = ["encoder_layers", "decoder_layers"] + (["max_positions"] if cfg.type == "transformer" else [])
+    keys = [f"model.{k} {getattr(cfg, k)}" for k in (*width, *depth)]
     vocab = str(src_vocab_size) if src_vocab_size == trg_vocab_size else f"{src_vocab_size} and {trg_vocab_size}"
     return ", ".join(keys) + f", tokenizer.vocab_size {vocab}"
 

@@ -767,7 +767,8 @@ def test_a_model_whose_weights_cannot_fit_is_refused_before_its_checkpoint_is_re
     assert code == 2 and len(err.splitlines()) == 1
     assert err == (
         f"nmt translate: error: {path}: the model is too large to load here (model.d_model 64, model.ff_size 128, "
-        "model.encoder_layers 1, model.decoder_layers 1, tokenizer.vocab_size 60): its weights alone take "
+        "model.encoder_layers 1, model.decoder_layers 1, model.max_positions 1024, tokenizer.vocab_size 60): its "
+        "weights alone take "
         f"{weights / 1e9:.2g} GB, more than the {(weights - 1) / 1e9:.2g} GB of memory this process may use\n"
     )
 

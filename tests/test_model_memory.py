@@ -61,7 +61,8 @@ def test_a_model_too_large_to_train_stops_in_one_line_before_the_kernel_measurem
     error = capsys.readouterr().err.splitlines()[-1]
     assert error == (
         "nmt train: error: the model is too large to train here (model.d_model 64, model.ff_size 128, "
-        f"model.encoder_layers 1, model.decoder_layers 1, tokenizer.vocab_size 60): its {parameters:,} parameters "
+        "model.encoder_layers 1, model.decoder_layers 1, model.max_positions 1024, tokenizer.vocab_size 60): its "
+        f"{parameters:,} parameters "
         f"need {need / 1e9:.2g} GB for weights, gradients and AdamW's two moments alone (16 bytes a parameter in "
         f"fp32), more than the {(need - 1) / 1e9:.2g} GB of memory this process may use"
     )
@@ -84,6 +85,16 @@ def test_the_demo_with_a_16m_wide_model_is_refused_naming_its_keys():
     with pytest.raises(NMTError, match=r"^the model is too large to train here \(model.d_model 16777216, ") as err:
         check_training_fits(cfg.model, 320, 320, 0, torch.device("cpu"))
     assert "tokenizer.vocab_size 320): its 6,755,474,401,658,880 parameters need 108,087,659.1 GB" in str(err.value)
+
+
+def test_learned_positions_too_many_to_train_are_refused_naming_model_max_positions(monkeypatch):
+    # 2^24 learned positions of 128 dimensions are 2.1 billion parameters: the key to lower is
+    # max_positions, not the widths and layers the demo's 0.97M parameters come from.
+    _fake_memory(monkeypatch, 8 * 10**9)
+    cfg = load_config("configs/demo.yaml", ["model.positions=learned", "model.max_positions=16777216"])
+    with pytest.raises(NMTError, match="model.decoder_layers 2, model.max_positions 16777216, tokenizer") as err:
+        check_training_fits(cfg.model, 320, 320, 0, torch.device("cpu"))
+    assert "its 2,148,450,816 parameters" in str(err.value)
 
 
 def test_on_a_gpu_its_total_memory_is_what_there_is(tmp_path, monkeypatch):
