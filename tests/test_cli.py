@@ -897,6 +897,33 @@ def test_a_bleu_tokenizer_that_cannot_run_is_one_line_naming_the_option_or_key(
     assert not list((tmp_path / "new").rglob("*.pt"))
 
 
+def test_tune_decode_and_average_say_a_run_bleu_tokenizer_that_cannot_run_before_decoding(
+    trained_run, tmp_path, capsys, monkeypatch
+):
+    """A run whose decode.bleu_tokenize needs an extra not installed here (a run trained elsewhere) is
+    refused by tune-decode and average before any model is loaded: they scored only after a whole pass
+    over the dev set (a grid point, an averaged model)."""
+    import shutil
+
+    import nmt.translate
+
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["decode"]["bleu_tokenize"] = "ja-mecab"
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setitem(sys.modules, "MeCab", None)  # sacreBLEU's ja extra, missing
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded to decode the dev set")
+
+    monkeypatch.setattr(nmt.translate, "load_translator", no_loading)
+    for argv in (["tune-decode", "--model", run, "--beam-sizes", "1"], ["average", "--model", run, "--last", "2"]):
+        code, out, err = run_cli(argv, capsys)
+        assert code == 2 and err.count("\n") == 1, err
+        assert "decode.bleu_tokenize ja-mecab: needs an extra: pip install 'sacrebleu[ja]'" in err
+
+
 def test_a_run_scores_bleu_with_its_decode_bleu_tokenize(trained_run, tmp_path, capsys):
     """The run's decode.bleu_tokenize and bleu_lowercase reach eval-bleu --model (and dev BLEU, which
     calls the same scorer); --tokenize and --no-lowercase override them."""
