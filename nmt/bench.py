@@ -264,8 +264,9 @@ def main(
 ) -> None:
     from nmt.rundir import RunDir
 
-    if model_dir is not None:
-        RunDir.existing(model_dir)  # a wrong run directory is reported before any work
+    if model_dir is not None:  # a wrong run directory, or one with no model yet, is reported before any work
+        model_run = RunDir.existing(model_dir)
+        model_run.model_checkpoint(model_run.config())
     if json_path:
         check_json_output(Path(json_path), cfg, config_file, model_dir)
     report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)

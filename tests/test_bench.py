@@ -81,6 +81,25 @@ def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys
     assert (tmp_path / "run-bench" / "config.yaml").read_bytes() == kept
 
 
+def test_bench_refuses_a_model_run_without_a_checkpoint_before_any_work(tmp_path, capsys, monkeypatch):
+    """--model naming a run prepared but not trained yet is refused first: it was said only when the
+    decoding began, after the matmul peak and every timed training update."""
+    import nmt.bench
+
+    config = tiny_config(tmp_path)
+    assert main(["prepare", "--config", str(config)]) == 0
+    assert (tmp_path / "run" / "config.yaml").is_file()
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(nmt.bench, "run_bench", no_work)
+    capsys.readouterr()
+    assert main(["bench", "--config", str(config), "--model", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "the run has no checkpoint yet" in err and err.count("\n") == 1, err
+
+
 @pytest.mark.parametrize(
     "script, args, said",
     [
