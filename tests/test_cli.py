@@ -526,6 +526,33 @@ def test_compare_without_matplotlib_fails_before_decoding(trained_run, tmp_path,
     assert not out.exists()
 
 
+def test_compare_says_a_runs_bleu_tokenizer_that_cannot_run_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
+    """The second run scoring with ja-mecab, whose extra is missing: refused, naming its config, before the
+    first run's test set is decoded (it was said after, without naming the run)."""
+    import shutil
+
+    import nmt.translate
+
+    japanese = tmp_path / "japanese"
+    shutil.copytree(trained_run / "run", japanese)
+    config = yaml.safe_load((japanese / "config.yaml").read_text())
+    config["decode"]["bleu_tokenize"] = "ja-mecab"
+    (japanese / "config.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.setitem(sys.modules, "MeCab", None)  # sacreBLEU's ja extra, missing
+
+    def no_loading(*args, **kwargs):
+        raise AssertionError("a model was loaded to decode a test set")
+
+    monkeypatch.setattr(nmt.translate, "load_translator", no_loading)
+    out = tmp_path / "report"
+    code, stdout, err = run_cli(["compare", trained_run / "run", japanese, "--out", out], capsys)
+    assert code == 2 and err.count("\n") == 1, err
+    assert (
+        f"{japanese / 'config.yaml'}: decode.bleu_tokenize ja-mecab: needs an extra: pip install 'sacrebleu[ja]'" in err
+    )
+    assert not out.exists()
+
+
 def test_compare_help_says_each_run_decodes_test_with_its_own_settings(capsys):
     with pytest.raises(SystemExit):
         main(["compare", "--help"])
