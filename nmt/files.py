@@ -190,11 +190,21 @@ def _same_file(a: Path, b: Path) -> bool:
         return False
 
 
+# The names of files, not of a directory to write into: images, documents, data.
+FILE_SUFFIXES = (".png", ".jpg", ".jpeg", ".svg", ".pdf", ".md", ".json", ".txt")
+
+
 def check_output_dir(out_dir: Path, run_dirs: Iterable[Path], option: str = "--out") -> None:
     """Before any work: ``out_dir`` is made (if need be) and proven writable, and lies outside every
     run directory read, since commands that read a run never write into it."""
     if out_dir.exists() and not out_dir.is_dir():
         raise NMTError(f"{option} {out_dir}: exists and is not a directory")
+    # `--out curves.png` meant one file, and would get a new directory of that name holding the PNGs
+    if not out_dir.exists() and out_dir.suffix.lower() in FILE_SUFFIXES:
+        raise NMTError(
+            f"{option} {out_dir}: names a {out_dir.suffix} file, but is the directory the files are written "
+            "into (made if missing): give a directory"
+        )
     check_outside_runs(out_dir, run_dirs, option)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)

@@ -302,11 +302,16 @@ def test_cli_plot_errors_come_before_any_work(resumed_run, tmp_path, capsys):
         (["plot", str(resumed_run), "--out", str(a_file / "sub")], f"--out {a_file / 'sub'}"),
         (["plot", str(resumed_run), "--out", str(resumed_run / "figs")], f"--out {resumed_run / 'figs'}"),
         (["plot", str(resumed_run), str(tmp_path / "nothing"), "--out", str(tmp_path / "o")], tmp_path / "nothing"),
+        # a PNG file's name: the figures went into a new directory of that name
+        (["plot", str(resumed_run), "--out", str(tmp_path / "curves.png")], f"--out {tmp_path / 'curves.png'}"),
     ):
         assert main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith(f"nmt plot: error: {named}: ")
     assert not (tmp_path / "o").exists() and not (resumed_run / "figs").exists()
+    assert not (tmp_path / "curves.png").exists()
+    (tmp_path / "old.png").mkdir()  # a directory of that name already there is the user's choice
+    assert main(["plot", str(resumed_run), "--out", str(tmp_path / "old.png")]) == 0
 
 
 def test_missing_matplotlib_names_the_extra(resumed_run, tmp_path, monkeypatch):
