@@ -100,8 +100,9 @@ compare: multi30k multi30k-rnn multi30k-shared multi30k-rnn-shared
 
 # Speed on the Multi30k config at the peers' batch size (fairseq_speed.sh's 4096 tokens; the config's
 # recipe trains on 2048), so that the ratio compares like with like; decodes with the trained run
-# when there is one.
+# when there is one. runs/ is made first: nmt bench refuses --json into a missing directory.
 bench: multi30k-data
+	mkdir -p runs
 	$(BIN)/nmt bench --config configs/multi30k_transformer.yaml --set train.max_tokens=4096 --json runs/bench.json \
 		$$([ -f runs/multi30k_transformer/checkpoints/index.json ] && echo --model runs/multi30k_transformer)
 

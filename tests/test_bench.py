@@ -1,6 +1,10 @@
 """The benchmark command runs on a tiny config and reports every figure it promises."""
 
 import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
 
 import pytest
 from conftest import tiny_config
@@ -98,6 +102,36 @@ def test_bench_refuses_a_model_run_without_a_checkpoint_before_any_work(tmp_path
     assert main(["bench", "--config", str(config), "--model", str(tmp_path / "run")]) == 2
     err = capsys.readouterr().err
     assert "the run has no checkpoint yet" in err and err.count("\n") == 1, err
+
+
+FAKE_NMT = """#!/bin/sh
+# nmt bench's check of --json: its directory must exist
+while [ $# -gt 0 ]; do
+  if [ "$1" = --json ] && [ ! -d "$(dirname "$2")" ]; then echo "--json $2: no directory" >&2; exit 2; fi
+  shift
+done
+"""
+
+
+@pytest.mark.skipif(shutil.which("make") is None, reason="needs make")
+def test_make_bench_on_a_fresh_clone_has_a_directory_for_its_json(tmp_path):
+    """A fresh clone has no runs/: `make bench` (--json runs/bench.json) was refused at once there."""
+    root = Path(__file__).resolve().parent.parent
+    project = tmp_path / "clone"
+    project.mkdir()
+    for name in ("Makefile", "pyproject.toml"):
+        shutil.copy(root / name, project / name)
+    bin_dir = project / ".venv" / "bin"
+    bin_dir.mkdir(parents=True)
+    (bin_dir / "python").write_text("#!/bin/sh\n")  # get_multi30k.py: the data is there
+    (bin_dir / "nmt").write_text(FAKE_NMT)
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    (project / ".venv" / ".installed").touch()
+    earlier = (project / ".venv" / ".installed").stat().st_mtime - 10
+    os.utime(project / "pyproject.toml", (earlier, earlier))  # installed since: make installs nothing
+    done = subprocess.run(["make", "--no-print-directory", "bench"], cwd=project, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 @pytest.mark.parametrize(
