@@ -526,24 +526,30 @@ def test_compare_without_matplotlib_fails_before_decoding(trained_run, tmp_path,
     assert not out.exists()
 
 
-def test_compare_says_a_runs_bleu_tokenizer_that_cannot_run_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
-    """The second run scoring with ja-mecab, whose extra is missing: refused, naming its config, before the
-    first run's test set is decoded (it was said after, without naming the run)."""
+def _japanese_scored_copy(trained_run: Path, copy: Path, monkeypatch) -> Path:
+    """A copy of the trained run that scores BLEU with ja-mecab, whose extra (MeCab) is missing here,
+    and no model loading: a command that decodes before it checks the scorer fails the test."""
     import shutil
 
     import nmt.translate
 
-    japanese = tmp_path / "japanese"
-    shutil.copytree(trained_run / "run", japanese)
-    config = yaml.safe_load((japanese / "config.yaml").read_text())
+    shutil.copytree(trained_run / "run", copy)
+    config = yaml.safe_load((copy / "config.yaml").read_text())
     config["decode"]["bleu_tokenize"] = "ja-mecab"
-    (japanese / "config.yaml").write_text(yaml.safe_dump(config))
+    (copy / "config.yaml").write_text(yaml.safe_dump(config))
     monkeypatch.setitem(sys.modules, "MeCab", None)  # sacreBLEU's ja extra, missing
 
     def no_loading(*args, **kwargs):
-        raise AssertionError("a model was loaded to decode a test set")
+        raise AssertionError("a model was loaded to decode")
 
     monkeypatch.setattr(nmt.translate, "load_translator", no_loading)
+    return copy
+
+
+def test_compare_says_a_runs_bleu_tokenizer_that_cannot_run_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
+    """The second run scoring with ja-mecab, whose extra is missing: refused, naming its config, before the
+    first run's test set is decoded (it was said after, without naming the run)."""
+    japanese = _japanese_scored_copy(trained_run, tmp_path / "japanese", monkeypatch)
     out = tmp_path / "report"
     code, stdout, err = run_cli(["compare", trained_run / "run", japanese, "--out", out], capsys)
     assert code == 2 and err.count("\n") == 1, err
@@ -930,21 +936,7 @@ def test_tune_decode_and_average_say_a_run_bleu_tokenizer_that_cannot_run_before
     """A run whose decode.bleu_tokenize needs an extra not installed here (a run trained elsewhere) is
     refused by tune-decode and average before any model is loaded: they scored only after a whole pass
     over the dev set (a grid point, an averaged model)."""
-    import shutil
-
-    import nmt.translate
-
-    run = tmp_path / "run"
-    shutil.copytree(trained_run / "run", run)
-    config = yaml.safe_load((run / "config.yaml").read_text())
-    config["decode"]["bleu_tokenize"] = "ja-mecab"
-    (run / "config.yaml").write_text(yaml.safe_dump(config))
-    monkeypatch.setitem(sys.modules, "MeCab", None)  # sacreBLEU's ja extra, missing
-
-    def no_loading(*args, **kwargs):
-        raise AssertionError("a model was loaded to decode the dev set")
-
-    monkeypatch.setattr(nmt.translate, "load_translator", no_loading)
+    run = _japanese_scored_copy(trained_run, tmp_path / "run", monkeypatch)
     for argv in (["tune-decode", "--model", run, "--beam-sizes", "1"], ["average", "--model", run, "--last", "2"]):
         code, out, err = run_cli(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
