@@ -343,11 +343,11 @@ def export_run(
     from nmt.rundir import RunDir
     from nmt.tokenizer import load_tokenizers
 
-    import_ctranslate2()  # before any loading: a missing package is the first thing to say
     run = RunDir.existing(run_dir)
     check_outside_runs(Path(out_dir), [run.path], "OUT_DIR")  # a reader never writes in the run
     cfg = run.config()
-    check_exportable(cfg.model, quantization)
+    check_exportable(cfg.model, quantization)  # an RNN run: no install of the package would help
+    import_ctranslate2()  # before any loading: a missing package is the next thing to say
     path = run.model_checkpoint(cfg)
     src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
     path, payload = run.load_model_checkpoint(cfg, "auto", path)

@@ -417,7 +417,10 @@ def test_an_output_directory_inside_the_run_is_refused(fake_run, tmp_path, capsy
 
 
 def test_rnn_run_is_a_one_line_error(fake_run, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(export, "import_ctranslate2", lambda: None)  # the RNN error does not need the package
+    def missing():  # the package is not installed: its install would not help an RNN run, so that is said
+        raise NMTError(f"exporting to CTranslate2 needs the ctranslate2 package: {export.INSTALL_HINT}")
+
+    monkeypatch.setattr(export, "import_ctranslate2", missing)
     run = fake_run("rnn")
     one_line_error(capsys, ["export", "--format", "ctranslate2", run, tmp_path / "out"], "model type 'rnn'")
     with pytest.raises(NMTError, match="only Transformer"):
