@@ -23,7 +23,7 @@ from nmt.config import Config
 from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
 from nmt.rundir import RunDir
-from nmt.scoring import bleu_metric, bleu_only
+from nmt.scoring import bleu_only, check_run_bleu
 
 
 def average_weights(states: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
@@ -152,7 +152,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
 
     cfg = run.config_reading("dev")
     # A tokenizer that cannot run is said now, not after the first averaged model's pass over the dev set
-    bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, f"{run.config_path}: decode.bleu_tokenize")
+    check_run_bleu(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, run.config_path)
     run.lock(log, "average")
     try:
         checkpoints_to_average(run, cfg, last, log, fewer_ok=False)  # too few: said now, not after seconds of loading

@@ -18,7 +18,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, check_output_dir
 from nmt.metrics import read_metrics
 from nmt.rundir import RunDir
-from nmt.scoring import bleu_metric, corpus_scores
+from nmt.scoring import check_run_bleu, corpus_scores
 from nmt.streams import translate_lines
 
 
@@ -171,8 +171,7 @@ def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> 
     for run in runs_opened:  # so is a run's BLEU tokenizer that cannot run here (ja-mecab without its extra)
         cfg = run.config()
         if cfg.data.test is not None:
-            key = f"{run.config_path}: decode.bleu_tokenize"
-            bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, key)
+            check_run_bleu(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, run.config_path)
     check_output_dir(out_dir, run_dirs)
     runs = [summarize_run(run, log) for run in runs_opened]
     not_comparable = _not_comparable(runs)

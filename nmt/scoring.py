@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from urllib.error import URLError
 
 import sacrebleu
@@ -53,6 +54,12 @@ def bleu_metric(tokenize: str = "13a", lowercase: bool = False, key: str = "deco
         raise NMTError(f"{key} {tokenize}: cannot download its SentencePiece model ({e}); offline?") from None
     except KeyError:
         raise NMTError(f"{key} {tokenize}: not a tokenizer this sacreBLEU {sacrebleu.__version__} knows") from None
+
+
+def check_run_bleu(tokenize: str, lowercase: bool, config_path: Path) -> None:
+    """A run's BLEU scorer (its ``decode.bleu_tokenize``, ``bleu_lowercase``) can run here, or a one-line
+    error naming the run's config.yaml: said before a command decodes anything with the run."""
+    bleu_metric(tokenize, lowercase, f"{config_path}: decode.bleu_tokenize")
 
 
 def corpus_scores(

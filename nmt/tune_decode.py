@@ -22,7 +22,7 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.run_config import tuned_decode_report
 from nmt.rundir import RunDir
-from nmt.scoring import bleu_metric, bleu_only
+from nmt.scoring import bleu_only, check_run_bleu
 
 
 @dataclass(frozen=True)
@@ -90,7 +90,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         raise NMTError(f"tune-decode: beam sizes must be >= 1 and length penalties in [0, {MAX_LENGTH_PENALTY:g}]")
     cfg = run.config_reading("dev")
     # A tokenizer that cannot run is said now, not after the grid's first pass over the dev set
-    bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, f"{run.config_path}: decode.bleu_tokenize")
+    check_run_bleu(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, run.config_path)
     for beam in beams:
         check_beam_size(beam, cfg.tokenizer.vocab_size, "tune-decode: beam size")
     beams = beams_for_nbest(beams, cfg.decode.nbest, log)
