@@ -99,11 +99,12 @@ class Tokenizer:
             return []
         return self._sp.encode(lines, out_type=int, num_threads=self._threads)
 
-    def unknown_text(self, lines: list[str]) -> list[list[str]]:
+    def unknown_text(self, lines: list[str], encoded: list[list[int]]) -> list[list[str]]:
         """Per line, the stretches of it that encode to the unknown id (text whose characters the
-        model never saw in training), as written in the line; empty for a line without any."""
+        model never saw in training), as written in the line; empty for a line without any.
+        ``encoded``: the lines' ids (``encode``), which the caller has already."""
         found: list[list[str]] = [[] for _ in lines]
-        with_unknown = [i for i, ids in enumerate(self.encode(lines)) if UNK_ID in ids]
+        with_unknown = [i for i, ids in enumerate(encoded) if UNK_ID in ids]
         if not with_unknown:
             return found
         protos = self._sp.encode([lines[i] for i in with_unknown], out_type="proto", num_threads=self._threads)

@@ -176,16 +176,23 @@ class Translator:
         progress: Callable[[int], None] | None = None,
         attention: bool = False,
         first_line: int = 1,
+        say_unknown: bool = False,
     ) -> list[list[tuple[str, Hypothesis | None]]]:
         """Per input line its n-best (text, hypothesis), in input order; a blank line stays blank
         (one empty translation, no hypothesis), as does one the tokenizer encodes to no subword
         (zero-width or control characters only, which its normalization removes). A line too long
         for the model is translated from its beginning, and ``warn`` is told its number
-        (``lines[0]`` is line ``first_line``)."""
+        (``lines[0]`` is line ``first_line``); with ``say_unknown`` so are the lines holding text
+        the tokenizer never saw (``unknown_warning``)."""
         if decode.nbest > decode.beam_size:
             raise NMTError(f"n-best {decode.nbest} is more than the beam size {decode.beam_size}: raise the beam size")
         check_beam_size(decode.beam_size, self.trg_tok.vocab_size, "beam size")
         encoded = self.src_tok.encode(lines)
+        if say_unknown:
+            found = enumerate(self.src_tok.unknown_text(lines, encoded))
+            unknown = [(first_line + i, texts) for i, texts in found if texts]
+            if unknown:
+                (self.warn or say)(unknown_warning(unknown))
         filled = [i for i, (line, ids) in enumerate(zip(lines, encoded)) if is_translated(line, ids)]
         src_ids = [encoded[i] for i in filled]
         max_src = max_source_length(self.model.max_positions)
@@ -226,11 +233,9 @@ def translate_stream(
     non-blank line, the hypothesis with its attention weights."""
     done = 0
     for window in windows:
-        # Said here, once per line of input, not in translate_scored: tune-decode translates its dev set many times.
-        unknown = [(done + 1 + i, texts) for i, texts in enumerate(translator.src_tok.unknown_text(window)) if texts]
-        if unknown:
-            (translator.warn or say)(unknown_warning(unknown))
-        scored = translator.translate_scored(window, decode, progress, attention is not None, done + 1)
+        # Unknown text said here, once per line of input, not by every translate_scored: tune-decode
+        # translates its dev set many times.
+        scored = translator.translate_scored(window, decode, progress, attention is not None, done + 1, True)
         for i, hyps in enumerate(scored if attention is not None else ()):
             text, best = hyps[0]
             if best is not None:

@@ -359,4 +359,4 @@ def test_load_missing_or_corrupt_model(tmp_path):
 def test_unknown_text_names_what_the_model_never_saw_as_written(tmp_path):
     tok, _ = train_or_load_tokenizers(_cfg(), SRC, TRG, *_joint(tmp_path))
     lines = [SRC[0], "kalo 😀 mi", "", "ka\u0301lo Qx"]  # emoji, a combining accent, letters never seen
-    assert tok.unknown_text(lines) == [[], ["😀"], [], ["a\u0301", "Qx"]]  # "á" as NFKC composes it
+    assert tok.unknown_text(lines, tok.encode(lines)) == [[], ["😀"], [], ["a\u0301", "Qx"]]  # "á" as NFKC composes it
