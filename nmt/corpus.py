@@ -195,13 +195,30 @@ def _iter_plain(prefix: str, src_lang: str, trg_lang: str) -> Iterator[tuple[str
         raise _misaligned(src_path, n, trg_path, n + extra)
 
 
-def _iter_tsv(path: Path) -> Iterator[tuple[str, str]]:
+def _tsv_header(line: str, src_lang: str, trg_lang: str) -> bool | None:
+    """Whether a TSV file's first ``line`` is a header naming the run's two languages: False for
+    'SRC<TAB>TRG', True for 'TRG<TAB>SRC' (its columns swapped), None for any other line, which is
+    data. A data-files directory's TSV is read by its header's column names, so the same header
+    means the same on a ``.tsv`` corpus file; any other header (``source<TAB>target``) names no
+    language, and a pair is what the file holds without one."""
+    if line == f"{src_lang}\t{trg_lang}":
+        return False
+    if line == f"{trg_lang}\t{src_lang}":
+        return True
+    return None
+
+
+def _iter_tsv(path: Path, src_lang: str, trg_lang: str) -> Iterator[tuple[str, str]]:
+    swapped = False
     for line_no, line in enumerate(iter_lines(path), start=1):
+        if line_no == 1 and (header := _tsv_header(line, src_lang, trg_lang)) is not None:
+            swapped = header
+            continue
         left, sep, right = line.partition("\t")
         if not sep or "\t" in right:
             n_tabs = line.count("\t")
             raise NMTError(f"{path}:{line_no}: expected 'source<TAB>target' (exactly one tab), found {n_tabs} tabs")
-        yield left, right
+        yield (right, left) if swapped else (left, right)
 
 
 def _is_tsv(path: str) -> bool:
@@ -276,7 +293,8 @@ def iter_parallel(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk_pairs:
     if fmt == "hf":
         chunks = iter_hf(spec, src_lang, trg_lang, chunk_pairs)
     else:
-        pairs = _iter_tsv(Path(spec.path)) if fmt == "tsv" else _iter_plain(spec.path, src_lang, trg_lang)
+        path = spec.path
+        pairs = _iter_tsv(Path(path), src_lang, trg_lang) if fmt == "tsv" else _iter_plain(path, src_lang, trg_lang)
         chunks = _chunks(pairs, chunk_pairs)
     left = spec.max_pairs
     for src, trg in chunks:

@@ -274,6 +274,30 @@ def test_tsv_bad_line_names_file_and_line(tmp_path):
         read_parallel(CorpusConfig(path=str(path)), "de", "en")
 
 
+def test_a_tsv_header_naming_the_two_languages_is_skipped_and_read_as_a_data_directory_reads_it(tmp_path, monkeypatch):
+    # It was trained on as the pair ('de', 'en'), where a data-files directory's TSV takes the same
+    # line as its column names: the same file said other things in the two places.
+    data_dir = _data_files_dir(tmp_path, monkeypatch, "tsv")
+    pairs = [f"{d}\t{e}" for d, e in zip(DE, EN)]
+    for header, expected in (("de\ten", (DE, EN)), ("en\tde", (EN, DE))):  # by name: the columns swapped
+        _write(tmp_path / "c.tsv", [header, *pairs])
+        _write(data_dir / "train.tsv", [header, *pairs])
+        assert read_parallel(CorpusConfig(path=str(tmp_path / "c.tsv")), "de", "en") == expected
+        assert read_parallel(CorpusConfig(path=str(data_dir)), "de", "en") == expected
+
+
+@pytest.mark.parametrize("first", ["source\ttarget", "DE\tEN", "de\tfr", "en\ten"])
+def test_a_tsv_first_line_that_names_not_the_two_languages_is_a_pair(tmp_path, first):
+    path = _write(tmp_path / "c.tsv", [first, *(f"{d}\t{e}" for d, e in zip(DE, EN))])
+    src, trg = read_parallel(CorpusConfig(path=str(path)), "de", "en")
+    assert (src[0], trg[0]) == tuple(first.split("\t")) and (src[1:], trg[1:]) == (DE, EN)
+
+
+def test_only_a_tsv_files_first_line_can_be_its_header(tmp_path):
+    path = _write(tmp_path / "c.tsv", ["a\tb", "de\ten"])
+    assert read_parallel(CorpusConfig(path=str(path)), "de", "en") == (["a", "de"], ["b", "en"])
+
+
 def test_tsv_crlf_does_not_leak_carriage_return(tmp_path):
     path = tmp_path / "c.tsv"
     path.write_bytes(b"a\tb\r\nc\td\r\n")
