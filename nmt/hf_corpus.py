@@ -246,21 +246,35 @@ def _text(values: list[Any], where: str) -> list[str]:
     return ["" if v is None else v for v in values]
 
 
-def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_lang: str) -> Chunk:
-    """Source and target text of one batch of rows, in the hub's ``translation`` schema or named columns."""
+def _lacks(pair: Any, lang: str) -> bool:
+    """Whether a ``translation`` row holds no text in ``lang``. A null row has none in any language:
+    an empty pair, as a null text is, not a row that lacks one."""
+    return pair is not None and (not isinstance(pair, dict) or pair.get(lang) is None)
+
+
+def _translation_side(pairs: list[Any], lang: str, spec: CorpusConfig, first_row: int) -> list[str]:
+    """One language's texts of a batch of ``translation`` rows, the first row ``first_row`` of the
+    split. A dict without ``lang`` is an error naming its row, one whose ``lang`` is null too: Arrow
+    stores a key that some rows lack as null, so a dataset converted to Arrow (``save_to_disk``,
+    ``streaming: false``) cannot tell them apart, where streamed JSON keeps each dict as written."""
+    missing = next((i for i, pair in enumerate(pairs) if _lacks(pair, lang)), None)
+    if missing is not None:
+        pair = pairs[missing]
+        held = [k for k, v in pair.items() if v is not None] if isinstance(pair, dict) else [type(pair).__name__]
+        row = f"split '{spec.split}', row {first_row + missing}"
+        available = ", ".join(held) or "none"
+        raise NMTError(f"{spec.path}: {row}: column 'translation' has no language '{lang}' (available: {available})")
+    texts = [None if p is None else p[lang] for p in pairs]
+    return _text(texts, f"{spec.path}: column 'translation' (language '{lang}')")
+
+
+def _columns(rows: dict[str, list[Any]], spec: CorpusConfig, src_lang: str, trg_lang: str, first_row: int) -> Chunk:
+    """Source and target text of one batch of rows, in the hub's ``translation`` schema or named
+    columns; ``first_row`` is the batch's first row in the split, counted from 0 (``dataset[i]``)."""
     names = list(rows)
     if spec.src_column is None and spec.trg_column is None and "translation" in names:
-        pairs = rows["translation"]
-        sides = []
-        for lang in (src_lang, trg_lang):
-            # A null row has no text in any language: an empty pair, as a null text is.
-            missing = [p for p in pairs if p is not None and (not isinstance(p, dict) or lang not in p)]
-            if missing:
-                keys = ", ".join(missing[0]) if isinstance(missing[0], dict) else type(missing[0]).__name__
-                raise NMTError(f"{spec.path}: column 'translation' has no language '{lang}' (available: {keys})")
-            texts = [None if p is None else p[lang] for p in pairs]
-            sides.append(_text(texts, f"{spec.path}: column 'translation' (language '{lang}')"))
-        return sides[0], sides[1]
+        src, trg = (_translation_side(rows["translation"], lang, spec, first_row) for lang in (src_lang, trg_lang))
+        return src, trg
     sides = []
     for key, name in (("src_column", spec.src_column or src_lang), ("trg_column", spec.trg_column or trg_lang)):
         if name not in names:
@@ -321,12 +335,15 @@ def iter_hf(spec: CorpusConfig, src_lang: str, trg_lang: str, chunk: int) -> Ite
                         **options,
                     )
             batches = iter(dataset.iter(batch_size=chunk))
+        first_row = 0
         while True:
             with _datasets_log_quiet():  # a streamed file fails as its batch is read
                 rows = next(batches, None)
             if rows is None:
                 return
-            yield _columns(rows, spec, src_lang, trg_lang)
+            src, trg = _columns(rows, spec, src_lang, trg_lang, first_row)
+            first_row += len(src)
+            yield src, trg
     except NMTError:
         raise
     except StopIteration:

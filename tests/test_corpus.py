@@ -791,9 +791,33 @@ def test_a_revision_of_a_local_dataset_directory_is_an_error(tmp_path):
 def test_hf_translation_rows_that_are_null_are_empty_pairs(tmp_path):
     # A null row is no text in either language: an empty pair for cleaning to drop, as a null text.
     datasets = pytest.importorskip("datasets")
-    rows = [{"de": DE[0], "en": EN[0]}, None, {"de": None, "en": EN[2]}]
+    rows = [{"de": DE[0], "en": EN[0]}, None, {"de": DE[2], "en": EN[2]}]
     datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
-    assert read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en") == ([DE[0], "", ""], [EN[0], "", EN[2]])
+    assert read_parallel(CorpusConfig(path=str(tmp_path / "ds")), "de", "en") == (
+        [DE[0], "", DE[2]],
+        [EN[0], "", EN[2]],
+    )
+
+
+@pytest.mark.parametrize("source", ["save_to_disk", "jsonl streamed", "jsonl in Arrow"])
+def test_a_translation_row_without_a_language_is_an_error_naming_its_row(tmp_path, monkeypatch, source):
+    # Arrow stores the key a row lacks as null: that row was an empty pair, dropped in silence, where
+    # streamed JSONL named the language missing (and no row).
+    rows = [{"de": d, "en": e} for d, e in zip(DE, EN)] + [{"en": "Hello"}, {"de": "Tschüss", "en": "Bye"}]
+    if source == "save_to_disk":
+        datasets = pytest.importorskip("datasets")
+        datasets.Dataset.from_dict({"translation": rows}).save_to_disk(str(tmp_path / "ds"))
+        spec = CorpusConfig(path=str(tmp_path / "ds"))
+    else:
+        data_dir = _data_files_dir(tmp_path, monkeypatch, "ds")
+        lines = [json.dumps({"translation": row}) for row in rows]
+        (data_dir / "train.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
+        spec = CorpusConfig(path=str(data_dir), streaming=source == "jsonl streamed")
+    with pytest.raises(NMTError) as err:
+        list(iter_parallel(spec, "de", "en", chunk_pairs=2))  # row 3 is the second batch's first
+    assert _one_line(err) == (
+        f"{tmp_path / 'ds'}: split 'train', row 3: column 'translation' has no language 'de' (available: en)"
+    )
 
 
 def test_a_dataset_without_the_datasets_package_is_one_line(tmp_path, monkeypatch):
