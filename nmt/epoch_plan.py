@@ -77,6 +77,28 @@ class EpochPlans:
         return self._lengths_digest
 
 
+def training_data_change(p: Progress, data_digest: str) -> str | None:
+    """The warning a run resumed at ``p`` logs where its training pairs now have another
+    ``lengths_digest`` (``data_digest``) than those its epoch plan was made from: other sentences in
+    data.train, or other pairs kept by data.max_len / max_len_ratio. The epoch is then batched from
+    the new data, not as the interrupted run would have gone on. Not refused: a corpus cleaned or
+    grown mid-run is the user's to train on, and the dev set, by which the run's scores rank, is
+    checked on its own. The lengths are all a plan depends on, and are read from the shards anyway:
+    no corpus is hashed for this. A state of an earlier version (no digest) takes any data."""
+    if not p.plan_data or p.plan_data == data_digest:
+        return None
+    said = (
+        f"warning: the training data changed since the training state of update {p.update} was written "
+        "(other pairs, or pairs of other lengths: data.train's text, or data.max_len / max_len_ratio)"
+    )
+    if p.batch_in_epoch == 0:
+        return f"{said}: the run trains on the new data from epoch {p.epoch}, which starts now"
+    return (
+        f"{said}: the rest of epoch {p.epoch} is batched from the new data, not the batches the interrupted "
+        "run would have trained on, so in this epoch some pairs may be trained on twice and others not at all"
+    )
+
+
 def continue_epoch(
     p: Progress,
     data_digest: str,
@@ -92,6 +114,9 @@ def continue_epoch(
 
     ``data_digest`` and ``batching`` are what the run has now (``lengths_digest``, BATCHING_KEYS'
     values); ``epoch_plan`` is the current epoch's plan as ``p`` records it (``Trainer.epoch_plan``)."""
+    change = training_data_change(p, data_digest)
+    if change is not None:
+        log(change)
     same_data = p.plan_data == data_digest and bool(p.plan_batchings)
     changes = batching_changes(p.plan_batchings[-1][1:], batching) if p.plan_batchings else ""
     if same_data and p.plan_epoch == p.epoch:

@@ -17,7 +17,7 @@ from conftest import PAIRS, tiny_config, write_corpus
 from nmt import checkpoint, checkpoint_file, testhooks
 from nmt.cli import main
 from nmt.device import cpu_has_bf16
-from nmt.epoch_plan import resumed_position
+from nmt.epoch_plan import resumed_position, training_data_change
 from nmt.errors import NMTError
 from nmt.models.linear import onednn_available
 from nmt.tokenizer import Tokenizer
@@ -314,6 +314,39 @@ def test_an_epoch_resumed_with_other_batches_and_seed_trains_on_each_of_its_pair
     assert "resuming with" not in capsys.readouterr().err  # the settings it went on with are the run's now
     assert sorted(trained[1]) == list(range(len(PAIRS)))
     assert sorted(trained[2]) == list(range(len(PAIRS)))
+
+
+def test_a_resume_on_other_training_data_warns_that_the_epoch_is_batched_from_it(tmp_path, capsys):
+    # The shards were encoded again and the epoch's plan made from them in silence: the interrupted
+    # run's batches were not the ones it went on with, and nothing said why.
+    config = tiny_config(tmp_path, max_updates=2, validate_every=100, max_tokens=24, warmup_updates=1)
+    dev = ["--set", f"data.dev={write_corpus(tmp_path / 'dev', 'dev', PAIRS)}"]  # the same dev set throughout
+    assert main(["train", "--config", str(config), *dev]) == 0
+    for lang in ("de", "en"):  # the same text, other file times: encoded again, the same pairs
+        os.utime(tmp_path / "data" / f"train.{lang}", ns=(10**18, 10**18))
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), *dev, "--set", "train.max_updates=3"]) == 0
+    err = capsys.readouterr().err
+    assert "train: reusing" not in err and "training data changed" not in err
+    state = checkpoint_file.load(final_path(tmp_path / "run"))["progress"]
+    assert (state["epoch"], state["batch_in_epoch"]) == (1, 3)
+    write_corpus(tmp_path / "data", "train", PAIRS[:-1])
+    assert main(["train", "--config", str(config), *dev, "--set", "train.max_updates=4"]) == 0
+    warning = (
+        "warning: the training data changed since the training state of update 3 was written (other pairs, or "
+        "pairs of other lengths: data.train's text, or data.max_len / max_len_ratio): the rest of epoch 1 is "
+        "batched from the new data, not the batches the interrupted run would have trained on, so in this epoch "
+        "some pairs may be trained on twice and others not at all"
+    )
+    assert warning in capsys.readouterr().err.splitlines()
+    assert warning in (tmp_path / "run" / "train.log").read_text(encoding="utf-8")
+
+
+def test_the_training_data_change_is_said_where_the_state_knows_its_data():
+    p = Progress(update=8, epoch=2, batch_in_epoch=0, plan_data="a")
+    assert training_data_change(p, "a") is None
+    assert training_data_change(p, "b").endswith(": the run trains on the new data from epoch 2, which starts now")
+    assert training_data_change(Progress(update=8, epoch=2, batch_in_epoch=3), "b") is None  # an earlier version's
 
 
 def test_adamw_settings_changed_on_resume_are_the_ones_the_optimizer_goes_on_with(tmp_path, capsys):
