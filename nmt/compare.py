@@ -15,7 +15,7 @@ from pathlib import Path
 
 from nmt.corpus import read_parallel
 from nmt.errors import NMTError
-from nmt.files import atomic_write, atomic_write_bytes, check_output_dir
+from nmt.files import atomic_write, atomic_write_bytes, check_distinct_runs, check_output_dir
 from nmt.metrics import read_metrics
 from nmt.rundir import RunDir
 from nmt.scoring import check_run_bleu, corpus_scores
@@ -167,6 +167,7 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
 
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
     runs_opened = [RunDir.existing(d) for d in run_dirs]
+    check_distinct_runs(run_dirs)
     _pyplot()  # a missing matplotlib is said before decoding every test set, not after
     for run in runs_opened:  # so is a run's BLEU tokenizer that cannot run here (ja-mecab without its extra)
         cfg = run.config()

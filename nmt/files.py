@@ -223,6 +223,20 @@ def check_outside_runs(out_dir: Path, run_dirs: Iterable[Path], option: str) -> 
             raise NMTError(f"{option} {out_dir}: is inside the run directory {run_dir}; write elsewhere")
 
 
+def check_distinct_runs(run_dirs: Iterable[Path]) -> None:
+    """Refuse a run directory named twice, however spelled (``runs/a``, ``./runs/a``, ``runs/b/../a``,
+    a link to it): its row or curves would be there twice. The directories exist (checked first)."""
+    seen: dict[tuple[int, int], Path] = {}
+    for run_dir in run_dirs:
+        info = os.stat(run_dir)
+        key = (info.st_dev, info.st_ino)  # one directory, whatever path leads to it
+        first = seen.get(key)
+        if first is not None:
+            same = "" if str(first) == str(run_dir) else f" (the same directory as {first})"
+            raise NMTError(f"{run_dir}: the run is named twice{same}; give each run once")
+        seen[key] = run_dir
+
+
 class LineWriter:
     """Text lines written to a temporary file beside ``path`` (beside its target, for a symlink),
     which becomes that file only when complete (``commit``): an earlier file of that name stays

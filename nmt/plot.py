@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from nmt.errors import NMTError
-from nmt.files import atomic_write, atomic_write_bytes, check_output_dir
+from nmt.files import atomic_write, atomic_write_bytes, check_distinct_runs, check_output_dir
 from nmt.metrics import (
     METRICS_FILE,
     SCALARS,
@@ -182,6 +182,7 @@ def plot_runs(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -
     for d in run_dirs:
         if not (d / METRICS_FILE).is_file():
             raise NMTError(f"{d}: no {METRICS_FILE}: not a run directory made by 'nmt train'")
+    check_distinct_runs(run_dirs)
     _figure_class()
     check_output_dir(out_dir, run_dirs)
     runs = [load_run(d, label, log) for d, label in zip(run_dirs, run_labels(run_dirs))]

@@ -822,9 +822,19 @@ def test_compare_says_when_runs_translate_different_test_sets(trained_run, tmp_p
     assert "**Not comparable:**" in table and str(tmp_path / "data" / "test") in table
     summaries = json.loads((out / "compare.json").read_text())
     assert [s["direction"] for s in summaries] == ["de->en", "de->en"]
-    code, _, err = run_cli(["compare", trained_run / "run", trained_run / "run", "--out", tmp_path / "same"], capsys)
-    assert code == 0 and "different directions" not in err
-    assert "Not comparable" not in (tmp_path / "same" / "compare.md").read_text()
+
+
+def test_compare_refuses_a_run_named_twice_however_spelled(tmp_path, capsys, monkeypatch):
+    """Before any run is read or decoded: the same directory twice made two identical rows."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        (tmp_path / "runs" / name / "config.yaml").write_text("not read\n")
+    for second in ("runs/a", "runs/a/", "./runs/a", "runs/b/../a"):
+        code, stdout, err = run_cli(["compare", "runs/a", "runs/b", second, "--out", "report"], capsys)
+        assert code == 2 and stdout == "" and len(err.splitlines()) == 1, err
+        assert err.startswith(f"nmt compare: error: {Path(second)}: ") and "twice" in err
+    assert not (tmp_path / "report").exists()
 
 
 def test_compare_warns_about_a_run_being_written(trained_run, tmp_path, capsys):

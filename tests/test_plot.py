@@ -314,6 +314,17 @@ def test_cli_plot_errors_come_before_any_work(resumed_run, tmp_path, capsys):
     assert main(["plot", str(resumed_run), "--out", str(tmp_path / "old.png")]) == 0
 
 
+def test_a_run_named_twice_is_refused_however_spelled(resumed_run, long_run, tmp_path, capsys, monkeypatch):
+    """runs/a, runs/a/ and ./runs/a (or a link to it) are one run: drawn twice, its curves hid each other."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "link").symlink_to(resumed_run)
+    for second in ("resumed", "resumed/", "./resumed", "link", str(resumed_run / ".." / "resumed")):
+        assert main(["plot", "resumed", "long", second, "--out", "o"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith(f"nmt plot: error: {Path(second)}: ") and "twice" in err
+    assert not (tmp_path / "o").exists()
+
+
 def test_missing_matplotlib_names_the_extra(resumed_run, tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib.figure", None)
     with pytest.raises(NMTError, match=r"pip install 'nmt\[report\]'"):
