@@ -19,12 +19,13 @@ def log(message: str) -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from nmt import distributed
-    from nmt.config import load_config
+    from nmt.config import check_on_this_machine, load_config
     from nmt.run_config import check_saved_corpora
     from nmt.training import train
 
     with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
         cfg = load_config(args.config, args.set)
+        check_on_this_machine(cfg, args.config, args.set)
         check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)
         train(cfg, log, Path(args.config), args.set)
     return 0
@@ -268,9 +269,10 @@ def cmd_tune_decode(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from nmt import bench
-    from nmt.config import load_config
+    from nmt.config import check_on_this_machine, load_config
 
     cfg = load_config(args.config, args.set)
+    check_on_this_machine(cfg, args.config, args.set)
     bench.main(cfg, Path(args.config), args.model, args.updates, args.warmup, args.decode_sentences, args.json, log)
     return 0
 

@@ -331,6 +331,31 @@ def _error_with(path: Path, overrides: list[str], training: bool) -> str | None:
     return None
 
 
+def check_on_this_machine(cfg: Config, path: str | Path, overrides: list[str]) -> None:
+    """``train.device`` and ``train.precision`` against this machine (no GPU, no bf16 kernels), which
+    only a command that trains here asks; its error says where the value came from, as load_config's do."""
+    from nmt.device import check_train_device
+
+    try:
+        check_train_device(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+    except NMTError as e:
+        path = Path(path)
+        source = error_cause(str(e), path, overrides, lambda some: _machine_error_with(path, some))
+        raise NMTError(f"{source}: {e}") from None
+
+
+def _machine_error_with(path: Path, overrides: list[str]) -> str | None:
+    """check_on_this_machine's error for the file with these of its --set overrides, or None."""
+    from nmt.device import check_train_device
+
+    try:
+        cfg = load_config(path, overrides)
+        check_train_device(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+    except NMTError as e:
+        return str(e)
+    return None
+
+
 def config_to_dict(cfg: Config) -> dict:
     def clean(v: Any) -> Any:
         if isinstance(v, tuple):

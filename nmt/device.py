@@ -223,6 +223,13 @@ def check_precision(
         raise NMTError(f"{key}: {problem}; {advice}")
 
 
+def check_train_device(device: str, precision: str, cpu_fallback: bool) -> None:
+    """Refuse, naming the key, a ``train.device`` or ``train.precision`` this machine cannot run:
+    the Trainer's own checks, made once the config is read so that they can say where it came from."""
+    chosen = select_device(device, fallback_to_cpu=cpu_fallback, warn=lambda message: None)  # the Trainer warns
+    check_precision(precision, chosen.type, bf16_available(chosen))
+
+
 def bf16_available(device: torch.device) -> bool:
     return cuda_has_bf16() if device.type == "cuda" else cpu_has_bf16()
 

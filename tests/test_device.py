@@ -230,3 +230,41 @@ def test_adamw_is_fused_here_and_steps_like_the_default():
     for a, b in zip(params["fused"], params["default"]):
         assert torch.allclose(a, b, atol=1e-6)
         assert not torch.equal(a.detach(), weights[0] if a.shape == weights[0].shape else weights[1])
+
+
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """A machine with no GPU and no bf16 kernels, whatever this one has."""
+    import nmt.device
+
+    monkeypatch.delenv("NMT_TEST_FP16_ON_CPU", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(nmt.device, "cpu_has_bf16", lambda: False)
+
+
+FP16 = "config key 'train.precision': fp16 is for GPUs; use fp32 or auto"
+BF16 = "config key 'train.precision': bf16 is not available on this CPU (no AVX-512, so no bf16 kernels); use fp32"
+CUDA = "config key 'train.device': 'cuda' was asked for but no CUDA GPU is available"
+
+
+@pytest.mark.parametrize("command", ["train", "bench"])
+def test_a_device_refusal_names_the_file_or_the_set_that_gave_the_value(command, cpu_only, tmp_path, capsys):
+    """As every other config error does: the file, the --set, or the file with the --set that caused it."""
+    from conftest import tiny_config
+
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path, precision="fp16")
+    gpu_config = tiny_config(tmp_path / "gpu", precision="fp16", device="cuda")
+    for file, sets, source, error in (
+        (config, [], config, FP16),
+        (config, ["train.precision=fp32", "train.precision=bf16"], "--set train.precision=bf16", BF16),
+        (config, ["train.precision=fp32", "train.device=cuda"], "--set train.device=cuda", CUDA),
+        (gpu_config, ["train.device=cpu"], f"{gpu_config} with --set train.device=cpu", FP16),
+        (gpu_config, ["train.device=auto", "seed=4"], f"{gpu_config} with --set train.device=auto", FP16),
+    ):
+        argv = [command, "--config", str(file), *(a for kv in sets for a in ("--set", kv))]
+        assert main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"nmt {command}: error: {source}: {error}") and err.count("\n") == 1, err
+    assert not (tmp_path / "run").exists() and not (tmp_path / "run-bench").exists()  # refused before any work
