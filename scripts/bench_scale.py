@@ -7,6 +7,10 @@ For each size: generate the synthetic language pair (nmt/synthetic.py), run ``nm
 then ``nmt train`` as subprocesses, sampling their memory from /proc every 0.1 s. Preparation
 memory sums the whole process tree (the encoding workers included). Figures go to stdout and
 to a JSON file.
+
+Outputs: the generated corpora (scale-data-N) and the runs (scale-N) go into --workdir (default:
+runs in the current directory), the figures into --json (default: WORKDIR/bench_scale.json);
+both directories are made if missing, and checked before any work.
 """
 
 from __future__ import annotations
@@ -21,6 +25,8 @@ import time
 from pathlib import Path
 
 from nmt.arg_types import positive_int
+from nmt.errors import NMTError
+from nmt.files import check_output, check_output_dir
 from nmt.synthetic import write_synthetic_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -149,18 +155,44 @@ def bench_size(n: int, updates: int, workdir: Path, config: Path) -> dict:
     }
 
 
+JSON_NAME = "bench_scale.json"
+
+
+def output_paths(workdir: str | None, json_path: str | None) -> tuple[Path, Path]:
+    """The work directory and the JSON file, absolute: a relative path is the caller's (nmt runs in
+    ROOT), and nothing defaults into the repository wherever the script is run from."""
+    directory = Path("runs" if workdir is None else workdir).absolute()
+    return directory, (directory / JSON_NAME if json_path is None else Path(json_path).absolute())
+
+
+def check_outputs(workdir: Path, json_path: Path, config: Path) -> None:
+    """Both made where missing and proven writable before any work: not a traceback hours later."""
+    check_output_dir(workdir, [], "--workdir")
+    if not json_path.parent.exists():
+        try:
+            json_path.parent.mkdir(parents=True)
+        except OSError as e:
+            raise NMTError(f"--json {json_path}: cannot make its directory ({e.strerror})") from None
+    check_output(json_path, [config], "--json")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=positive_int, nargs="+", default=[100_000, 5_000_000])
     parser.add_argument("--updates", type=positive_int, default=100)
-    parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"))
-    parser.add_argument("--workdir", default=str(ROOT / "runs"))
-    parser.add_argument("--json", default=str(ROOT / "runs" / "bench_scale.json"))
+    parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"), help="default: configs/scale.yaml")
+    parser.add_argument(
+        "--workdir",
+        help="where the generated corpora (scale-data-N) and runs (scale-N) go, made if missing "
+        "(default: runs in the current directory)",
+    )
+    parser.add_argument("--json", help=f"the figures as JSON (default: WORKDIR/{JSON_NAME})")
     args = parser.parse_args()
-    # nmt runs in ROOT: a relative path means the caller's directory, where the corpus is generated.
-    workdir, config = Path(args.workdir).absolute(), Path(args.config).absolute()
+    workdir, json_path = output_paths(args.workdir, args.json)
+    config = Path(args.config).absolute()
+    check_outputs(workdir, json_path, config)
     results = [bench_size(n, args.updates, workdir, config) for n in args.pairs]
-    Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
+    json_path.write_text(json.dumps(results, indent=1) + "\n")
     print(
         "| pairs | prepare s (all) | pairs/s (all) | read+encode pairs/s | prepare peak RSS (tree) "
         "| train start s | train peak RSS | peak anon | file-backed at end |"
@@ -176,4 +208,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except NMTError as e:  # an output that cannot be written: one line, as nmt's commands say it
+        print(f"bench_scale: error: {e}", file=sys.stderr)
+        sys.exit(2)

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,12 +30,37 @@ def tiny_scale_config(directory: Path) -> Path:
 
 def test_relative_config_workdir_and_json_are_to_the_callers_directory(tmp_path: Path) -> None:
     tiny_scale_config(tmp_path)
-    args = ["--pairs", "400", "--updates", "2", "--config", "scale.yaml", "--workdir", "w", "--json", "scale.json"]
+    args = ["--pairs", "400", "--updates", "2", "--config", "scale.yaml", "--workdir", "w", "--json", "out/scale.json"]
     done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr[-2000:]
-    [result] = json.loads((tmp_path / "scale.json").read_text())
+    # the JSON's directory made, not a traceback once every size is measured
+    [result] = json.loads((tmp_path / "out" / "scale.json").read_text())
     assert result["pairs"] == 400 and result["shards"] == 1
     assert (tmp_path / "w" / "scale-400" / "checkpoints").is_dir()
+
+
+def test_outputs_default_to_runs_in_the_callers_directory_not_the_repositorys(tmp_path: Path) -> None:
+    runs = Path("runs").absolute()
+    assert bench_scale.output_paths(None, None) == (runs, runs / "bench_scale.json")
+    assert bench_scale.output_paths("w", None) == (Path("w").absolute(), Path("w", "bench_scale.json").absolute())
+    assert bench_scale.output_paths(None, "x.json")[1] == Path("x.json").absolute()
+
+
+@pytest.mark.parametrize("option", ["--workdir", "--json"])
+def test_an_output_that_cannot_be_written_is_one_line_before_any_work(tmp_path: Path, option: str) -> None:
+    (tmp_path / "a_file").write_text("x")
+    where = "a_file" if option == "--workdir" else "a_file/scale.json"
+    args = ["--pairs", "400", "--config", str(tiny_scale_config(tmp_path)), option, where]
+    done = subprocess.run([sys.executable, str(SCRIPT), *args], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert done.stderr.startswith(f"bench_scale: error: {option} ")
+    assert not list(tmp_path.glob("**/scale-data-400"))  # nothing generated
+
+
+def test_help_names_where_the_outputs_go() -> None:
+    done = subprocess.run([sys.executable, str(SCRIPT), "--help"], capture_output=True, text=True, check=True)
+    text = " ".join(done.stdout.split())
+    assert "default: runs in the current directory" in text and "default: WORKDIR/bench_scale.json" in text
 
 
 def test_start_up_figure_leaves_out_the_kernels_measurement(tmp_path: Path) -> None:
