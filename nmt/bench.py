@@ -235,10 +235,23 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
         data, kernels = trainer.data, trainer.choice.decoding()
         translator = Translator(trainer.model, data.src_tok, data.trg_tok, device, precision, kernels=kernels)
         report["decode_model"] = None
+    report["decoding_kernels"] = decoding_kernels(translator)
+    if model_dir is not None:  # the run's own choice (kernels.json), not the scratch run's training one above
+        k = report["decoding_kernels"]
+        log(
+            f"decoding in {model_dir}'s kernels: precision {k['precision']}, attention {k['attention']}, "
+            f"fp32 matmul {k['fp32_matmul']}"
+        )
     report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
     report["peak_memory_mb"] = _peak_memory_mb(device)
     log(f"peak memory: {report['peak_memory_mb']:.0f} MiB")
     return report
+
+
+def decoding_kernels(translator) -> dict:
+    """The precision, attention kernel and fp32 product library the decoding figures were taken in."""
+    attention, fp32_matmul = translator.kernels or (translator.model.attention_kernel, translator.model.fp32_matmul)
+    return {"precision": translator.precision.name, "attention": attention, "fp32_matmul": fp32_matmul}
 
 
 def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir: str | None) -> None:

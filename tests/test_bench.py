@@ -75,6 +75,23 @@ def test_bench_json_may_not_overwrite_what_it_reads_or_a_runs_files(tmp_path, ca
     assert all(p.read_bytes() == data for p, data in saved.items())
 
 
+def test_bench_reports_the_kernels_it_decoded_in_the_model_runs_own(tmp_path):
+    """--model decodes in that run's kernels, which the scratch run's training choice ("auto") does not say."""
+    config = tiny_config(tmp_path, attention="explicit", max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    out = tmp_path / "bench.json"
+    bench = ["bench", "--config", str(config), "--set", "train.attention=sdpa", "--updates", "1", "--warmup", "1"]
+    bench += ["--decode-sentences", "2", "--json", str(out)]
+    assert main(bench) == 0
+    report = json.loads(out.read_text())
+    assert report["auto"]["attention"] == "sdpa" and report["decoding_kernels"]["attention"] == "sdpa"
+    assert main([*bench, "--model", str(tmp_path / "run")]) == 0
+    report = json.loads(out.read_text())
+    assert report["auto"]["attention"] == "sdpa"
+    decoded = report["decoding_kernels"]
+    assert decoded["precision"] == "fp32" and decoded["attention"] == "explicit"
+
+
 def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
     assert main(["train", "--config", str(config), "--set", f"run_dir={tmp_path / 'run-bench'}"]) == 0
