@@ -156,6 +156,7 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     run.lock(log, "average")
     try:
         checkpoints_to_average(run, cfg, last, log, fewer_ok=False)  # too few: said now, not after seconds of loading
+        run.checkpoints(cfg).read_index()  # and an index that cannot be read (the best score is ranked against)
         translator = load_translator(run, device, None, log, which="last")
         dev_src, dev_trg, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
         score = dev_scorer(translator, cfg, dev_src, dev_trg)

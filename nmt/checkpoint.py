@@ -58,16 +58,49 @@ def _index_entry_ok(entry: Any) -> bool:
     return name not in ("", ".", "..") and "/" not in name and (loss is None or is_number(loss))
 
 
-def _index_shape_ok(index: Any) -> bool:
-    """Whether ``index`` has the shape ``CheckpointManager`` writes: the readers index into it."""
+def _index_shape_problem(index: Any) -> str | None:
+    """What in ``index`` is not of the shape ``CheckpointManager`` writes (the readers index into it),
+    in words, or None."""
     if not isinstance(index, dict):
-        return False
+        return "not a mapping"
     best, average, last = index.get("best", []), index.get("average"), index.get("last_state")
     if not isinstance(best, list) or not all(map(_index_entry_ok, best)):
-        return False
+        return "'best' is not a list of checkpoint files with their scores"
     if average not in (None, {}) and not _index_entry_ok(average):
-        return False
-    return last is None or is_whole_number(last)
+        return "'average' is not a checkpoint file with its score"
+    if last is not None and not is_whole_number(last):
+        return "'last_state' is not an update number"
+    return None
+
+
+def read_index(path: Path) -> dict:
+    """A run's ``checkpoints/index.json`` as written; {"best": []} where there is none yet (no
+    validation, no training state). One that cannot be read, does not parse or is not of the shape
+    written here (truncated, edited by hand, another program's) is an error naming it: read as
+    none, it sent translate's ``auto`` to another model, and training deleted the best checkpoints
+    it no longer named at the next new best."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return {"best": []}
+    except (OSError, UnicodeDecodeError) as e:
+        raise NMTError(_corrupt_index(path, f"cannot be read: {getattr(e, 'strerror', None) or e}")) from None
+    try:
+        index = json.loads(text)
+    except ValueError as e:
+        raise NMTError(_corrupt_index(path, f"not JSON ({e})")) from None
+    problem = _index_shape_problem(index)
+    if problem is not None:
+        raise NMTError(_corrupt_index(path, f"not the index nmt writes: {problem}"))
+    return index
+
+
+def _corrupt_index(path: Path, why: str) -> str:
+    return (
+        f"{path}: {why}; it ranks the run's best checkpoints by their dev scores, which no other file holds: "
+        "restore it from a copy of the run (translate and eval-bleu still take --checkpoint last or a file "
+        "name there; deleting it forgets the ranking, and training then replaces the run's best_*.pt)"
+    )
 
 
 def _rank(entry: dict) -> tuple[float, float]:
@@ -99,13 +132,8 @@ class CheckpointManager:
                 torn.unlink(missing_ok=True)
 
     def read_index(self) -> dict:
-        """The index as written; one that does not parse or is not of the shape written here (edited
-        by hand, another program's file) is read as none, and the checkpoints' names speak instead."""
-        try:
-            index = json.loads(self.index_path.read_text())
-        except (OSError, ValueError):
-            return {"best": []}
-        return index if _index_shape_ok(index) else {"best": []}
+        """The index as written (``read_index``: an unreadable one is an error naming it)."""
+        return read_index(self.index_path)
 
     def save_state(self, payload: dict, update: int) -> Path:
         path = self.directory / f"update_{update:08d}.pt"
@@ -133,8 +161,7 @@ class CheckpointManager:
     def _remove_unlisted_best(self, index: dict) -> None:
         """Delete the best checkpoints ``index`` (as written) does not name: the ones it dropped, and
         any a process killed between writing the index and deleting them left behind, which nothing
-        would delete later. Not where it names none (unreadable, or no validation yet): its files
-        are then all the run has."""
+        would delete later. Not where it names none (no validation yet): its files are then all the run has."""
         listed = {b["file"] for b in index.get("best", [])}
         if not listed:
             return
@@ -297,9 +324,6 @@ def _state_progress(path: Path) -> dict:
 
 def last_state_recorded(directory: Path) -> int | None:
     """The update of the newest training state the run's index.json records as written (the file
-    may be gone since), or None: none written yet, or by an earlier version that did not record it."""
-    try:
-        update = json.loads((directory / "index.json").read_text()).get("last_state")
-    except (OSError, ValueError, AttributeError):
-        return None
-    return update if isinstance(update, int) else None
+    may be gone since), or None: none written yet, or by an earlier version that did not record it.
+    An index that cannot be read is an error naming it (``read_index``)."""
+    return read_index(directory / "index.json").get("last_state")

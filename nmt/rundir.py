@@ -434,12 +434,13 @@ class RunDir:
         """Refuse to train from update 0 a run that has written training states but holds none now
         (update_*.pt deleted, to save disk say): a second history would be mixed with the first's best
         checkpoints, index and metrics. A first start that failed before its first training state
-        (even while writing it, after its best checkpoint) starts again, as before."""
+        (even while writing it, after its best checkpoint) starts again, as before. An index.json that
+        cannot be read is refused first, naming it: the run would lose its best checkpoints' ranking."""
         from nmt.checkpoint import last_state_recorded, list_checkpoints
 
+        recorded = last_state_recorded(self.checkpoint_dir)
         if list_checkpoints(self.checkpoint_dir, "update"):
             return  # resumed from, or refused by load_latest_state where none is readable
-        recorded = last_state_recorded(self.checkpoint_dir)
         averaged = sorted(p.name for p in self.checkpoint_dir.glob("average_*.pt"))
         validations, trained_on = validations_trained_on(self.metrics_path)
         if recorded is None and not averaged and not trained_on:

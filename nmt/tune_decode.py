@@ -96,6 +96,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     beams = beams_for_nbest(beams, cfg.decode.nbest, log)
     run.lock(log, "tune-decode")
     try:
+        run.checkpoints(cfg).read_index()  # one that cannot be read: said now, not after the grid
         translator = load_translator(run, device, None, log, which)
         src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
         trials = grid(lambda d: [h[0] for h in translator.translate(src, d)], ref, cfg.decode, beams, penalties, log)

@@ -171,12 +171,18 @@ def test_a_best_checkpoint_a_kill_left_as_it_was_replaced_is_removed_at_the_next
     assert sorted(p.name for p in tmp_path.glob("best_*")) == ["best_00000002.pt", "best_00000002.pt.sha256"]
 
 
-def test_best_checkpoints_an_unreadable_index_does_not_name_are_kept(tmp_path):
+def test_an_unreadable_index_stops_the_writer_before_a_best_checkpoint_is_replaced(tmp_path):
+    # read as none, it made a worse validation the best (its entry alone) and deleted best_1
     m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
     assert m.save_best(payload(1.0), 1, score=10.0)
-    m.index_path.write_text("{not json")
-    m.save_state(payload(2.0), 2)
+    m.index_path.write_text('{"best": [{"file": "best_0000')  # cut off mid-write by another program
+    with pytest.raises(NMTError, match=r"index\.json: not JSON .*restore it from a copy of the run"):
+        m.save_best(payload(2.0), 2, score=5.0)
+    with pytest.raises(NMTError, match=r"index\.json: not JSON"):
+        m.save_state(payload(2.0), 2)
     assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [1]
+    assert checkpoint_file.load(tmp_path / "update_00000002.pt")["progress"]["update"] == 2  # written before
+    assert m.index_path.read_text() == '{"best": [{"file": "best_0000'
 
 
 def training_state(update: int, validated: bool = True) -> dict:
@@ -326,16 +332,24 @@ def test_a_checkpoint_without_usable_weights_is_refused_on_load(tmp_path, model,
         '{"best": [], "last_state": "2"}',
     ],
 )
-def test_an_index_of_another_shape_is_read_as_an_unreadable_one(tmp_path, index):
+def test_an_index_of_another_shape_is_an_error_naming_it(tmp_path, index):
     # edited by hand or written by another program: its readers indexed into it and failed
-    # (AttributeError, TypeError), or followed a name out of the checkpoint directory
+    # (AttributeError, TypeError), or followed a name out of the checkpoint directory; read as none,
+    # they took the newest best checkpoint for the best, and forgot the scores
     m = checkpoint.CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=1)
     assert m.save_best(payload(1.0), 1, score=10.0)
     checkpoint_file.save(payload(9.0), tmp_path / "outside.pt")
     m.index_path.write_text(index)
-    assert m.read_index() == {"best": []}
-    assert m.best_path() == m.model_path() == tmp_path / "checkpoints" / "best_00000001.pt"
-    assert m.best_score() == float("-inf") and m.average_path() is None
+    readers = [m.read_index, m.best_path, m.model_path, m.best_score, m.average_path]
+    for read in [*readers, lambda: checkpoint.last_state_recorded(m.directory), lambda: m.save_state(payload(2.0), 2)]:
+        with pytest.raises(NMTError, match=r"checkpoints/index\.json: not the index nmt writes: .*restore it"):
+            read()
+    assert m.index_path.read_text() == index
+
+
+def test_a_missing_index_is_a_run_not_validated_yet(tmp_path):
+    m = checkpoint.CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=1)
+    assert m.read_index() == {"best": []} and checkpoint.last_state_recorded(m.directory) is None
     m.save_state(payload(2.0), 2)
     assert m.read_index() == {"best": [], "last_state": 2}
 

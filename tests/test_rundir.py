@@ -524,6 +524,32 @@ def test_a_missing_best_checkpoint_is_named_not_replaced_by_another_model(traine
     assert cli("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["translate", "--checkpoint", "auto", "--input", "{source}"],
+        ["eval-bleu", "--src", "{source}", "--ref", "{source}"],
+        ["tune-decode", "--beam-sizes", "1", "--checkpoint", "last"],
+        ["average", "--last", "2"],
+        ["train"],
+    ],
+)
+def test_an_index_cut_short_is_one_line_naming_it_before_any_work(trained, tmp_path, cli, argv):
+    # read as none, translate's auto took the newest best checkpoint, average ranked its model against
+    # no best score, and a resumed training deleted the best checkpoints at its next new best
+    run = copy_run(trained, tmp_path)
+    index = run / "checkpoints" / "index.json"
+    index.write_bytes(index.read_bytes()[:40])
+    source = tmp_path / "src.txt"
+    source.write_text(PAIRS[0][0] + "\n")
+    before = snapshot(run)
+    command, *options = [a.format(source=source) for a in argv]
+    where = ["--config", run / "config.yaml"] if command == "train" else ["--model", run]
+    one_line_error(cli(command, *where, *options), f"{index}: not JSON", "restore it from a copy of the run")
+    assert snapshot(run) == before
+    assert cli("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
+
+
 def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     [best] = (run / "checkpoints").glob("best_*.pt")
