@@ -135,6 +135,42 @@ def optimizer_state_problem(saved: dict, optimizer: torch.optim.Optimizer) -> st
     return None
 
 
+# A progress field of the versions in which an update is one AdamW step: since fp16 overflows stopped
+# counting as updates (an earlier version's state may have one AdamW step fewer per overflow).
+_ONE_STEP_PER_UPDATE_SINCE = "world_size"
+
+
+def optimizer_steps_problem(saved: dict, progress: dict) -> str | None:
+    """Whether AdamW's saved state ``saved`` (as ``optimizer_state_problem`` passed it) belongs to the
+    training state of ``progress``, in words, or None. Every parameter has a gradient at every update,
+    and an update skipped (non-finite, an fp16 overflow) steps none and is not counted: each parameter
+    has a state of ``progress.update`` steps (none at update 0), whatever train.accumulate and the
+    ranks. An earlier version's state (counting fp16 overflows as updates) may hold fewer, the same
+    for all. Other steps are a state stitched from another run or update, which trained on from
+    another place than its weights' (AdamW's bias correction and moments)."""
+    update, exact = progress["update"], _ONE_STEP_PER_UPDATE_SINCE in progress
+    ids = [n for group in saved["param_groups"] for n in group["params"]]
+    steps = {n: _steps_taken(saved["state"].get(n) or {}) for n in ids}
+    fewest, most = min(ids, key=steps.get, default=None), max(ids, key=steps.get, default=None)
+    if fewest is not None and steps[fewest] != steps[most]:
+        has = f"has {steps[fewest]} steps" if saved["state"].get(fewest) else "is missing"
+        return (
+            f"optimizer.state[{fewest}] {has}, optimizer.state[{most}] has {steps[most]}: "
+            "AdamW steps every parameter at each update"
+        )
+    taken = steps[most] if most is not None else 0
+    if taken > update or (exact and taken != update):
+        steps_said = f"its AdamW state has {taken} steps, progress.update is {update}"
+        return f"{steps_said}: the optimizer state is another update's"
+    return None
+
+
+def _steps_taken(entry: dict) -> int:
+    """The steps of a parameter's AdamW state (``_step_problem`` passed it); 0 for none yet."""
+    step = entry.get("step", 0)
+    return int(step.item() if isinstance(step, torch.Tensor) else step)
+
+
 # AdamW's flags that no config key sets and that loading a state brings back: a saved one must be
 # the optimizer's own as built. maximize makes training a gradient ascent; amsgrad wants a state
 # never saved (a KeyError at the first update); capturable fails on a CPU, differentiable with the
@@ -323,5 +359,6 @@ def resume_problem(info: checkpoint.CheckpointInfo, state: dict, optimizer: torc
         or progress_problem(state["progress"], info.update)
         or rng_state_problem(state["rng"])
         or optimizer_state_problem(state["optimizer"], optimizer)
+        or optimizer_steps_problem(state["optimizer"], state["progress"])
         or scaler_state_problem(state.get("scaler"))
     )

@@ -931,6 +931,11 @@ def _every_optimizer_state(key: str, fill: float):
         (_every_optimizer_state("step", 2.5), "optimizer.state[0].step is 2.5, not a whole number of steps"),
         (_first_optimizer_state("step", "x"), "optimizer.state[0].step is not a tensor of shape []"),
         (lambda s: s["optimizer"]["state"][0].pop("exp_avg_sq"), "optimizer.state[0] has no exp_avg_sq"),
+        # stitched: the optimizer state of another update, or with a parameter's entry left out
+        (_every_optimizer_state("step", 3.0), "its AdamW state has 3 steps, progress.update is 6: the optimizer"),
+        (_every_optimizer_state("step", 7.0), "its AdamW state has 7 steps, progress.update is 6: the optimizer"),
+        (lambda s: s["optimizer"]["state"].pop(2), "optimizer.state[2] is missing, optimizer.state[0] has 6"),
+        (_first_optimizer_state("step", torch.tensor(5.0)), "optimizer.state[0] has 5 steps, optimizer.state[1] has 6"),
         (
             lambda s: s["optimizer"]["state"][0].__setitem__("exp_avg", s["optimizer"]["state"][0]["exp_avg"].long()),
             "optimizer.state[0].exp_avg is a tensor of torch.int64, not of floats",
@@ -965,6 +970,27 @@ def test_a_training_state_with_a_damaged_field_is_passed_over_for_the_one_before
     assert passed_over in log and "; trying an older checkpoint" in log
     assert "resuming at update 3 (epoch 4, batch 0)" in log
     assert checkpoint_file.load(run / "checkpoints" / "update_00000004.pt")["progress"]["update"] == 4
+
+
+@pytest.mark.parametrize("steps, resumes", [(4.0, True), (6.0, True), (7.0, False)])
+def test_an_earlier_versions_state_may_hold_fewer_adamw_steps_than_updates(
+    run_with_two_states, tmp_path, capsys, steps, resumes
+):
+    # A version before world_size was recorded counted fp16 overflows as updates, AdamW not stepping.
+    run = tmp_path / "run"
+    shutil.copytree(run_with_two_states, run)
+
+    def earlier_version(state):
+        for key in ("world_size", "update_batches", "plan_epoch", "plan_batchings", "plan_data", "dev_data"):
+            state["progress"].pop(key)
+        _every_optimizer_state("step", steps)(state)
+
+    damage_state(run / "checkpoints" / "update_00000006.pt", earlier_version)
+    capsys.readouterr()
+    assert main(["train", "--config", str(run / "config.yaml"), "--set", "train.max_updates=7"]) == 0
+    log = capsys.readouterr().err
+    assert ("resuming at update 6 (epoch 7, batch 0)" in log) == resumes, log
+    assert ("the optimizer state is another update's" in log) != resumes
 
 
 def test_adamw_settings_a_resume_replaces_may_be_any_number_in_a_training_state(run_with_two_states, tmp_path, capsys):

@@ -238,6 +238,28 @@ def test_fp16_overflows_are_not_updates_and_stop_the_run_below_the_minimum_loss_
         trainer.train_step([rows])
 
 
+def test_skipped_updates_leave_adamw_one_step_per_update_as_a_resume_checks(tmp_path, monkeypatch):
+    # resume_problem refuses a state whose AdamW steps are not its update count: skipped updates (an
+    # fp16 overflow, a non-finite loss) and accumulated batches must not make a sound state look stitched
+    from nmt import checkpoint
+    from nmt.training_state import resume_problem, training_state
+
+    trainer = fp16_trainer(tmp_path, monkeypatch)
+    overflow = [False]
+    trainer.model.trg_embed.weight.register_hook(lambda grad: grad * float("inf") if overflow[0] else grad)
+    rows = list(range(8))
+    for skipped in (True, False, False, True, False):
+        overflow[0] = skipped
+        assert (trainer.train_step([rows[:4], rows[4:]]) is None) == skipped
+    p = trainer.progress
+    assert (p.update, p.skipped_updates) == (3, 2)
+    state = training_state(trainer.model, trainer.optimizer, trainer.scaler, p, False, {})
+    state["fingerprint"] = trainer.run.fingerprint(trainer.cfg)
+    info = checkpoint.CheckpointInfo(tmp_path / "update_00000003.pt", "update", 3)
+    assert resume_problem(info, state, trainer.optimizer) is None
+    trainer.close()
+
+
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 def test_finite_gradients_whose_fp32_norm_overflows_are_clipped_not_skipped(tmp_path, monkeypatch, precision):
     """Gradients of 1e20 and more are finite, but their squares overflow fp32: clip_grad_norm_'s norm was
