@@ -60,7 +60,17 @@ from nmt.train_log import TrainLog
 from nmt.training_kernels import check_compile, choose_kernels
 from nmt.training_state import Progress, resume_problem, rng_state, set_rng_state, training_state
 from nmt.translate import Translator
-from nmt.validation import dev_digest, dev_scores, dev_set_change, judge, valid_line, valid_record
+from nmt.validation import (
+    dev_digest,
+    dev_scores,
+    dev_set_change,
+    judge,
+    penalty_line,
+    valid_line,
+    valid_record,
+    validation_config,
+    validation_length_penalty,
+)
 
 
 def _told_already(message: str) -> None:
@@ -239,6 +249,8 @@ class Trainer:
         set_rng_state(state["rng"], self.device.type == "cuda")
         p = self.progress
         for line in resumed_lines(p, changed, self.world.world_size, self.cfg.train.accumulate):
+            self.log(line)
+        if (line := penalty_line(self.cfg, self._validation_penalty())) is not None:
             self.log(line)
         if self.world.is_main and self.run.config_path.exists():  # config.yaml is still the run's config until now
             change = horizon_change(self.run.config().train, self.cfg.train, p.update + 1, p.elapsed_seconds)
@@ -425,15 +437,19 @@ class Trainer:
             check_signal()
 
         step()
+        penalty = self._validation_penalty()
         try:
-            dev_loss, bleu, hyps = dev_scores(self.model, self.translator, cfg, data, self.precision, self.device, step)
+            validating = validation_config(cfg, penalty)
+            dev_loss, bleu, hyps = dev_scores(
+                self.model, self.translator, validating, data, self.precision, self.device, step
+            )
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             drop_failed_work(e)
             self.save()
             self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise
         atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
-        p.dev_data = self._dev_digest()
+        p.dev_data, p.validate_length_penalty = self._dev_digest(), penalty
         is_best = judge(p, bleu, dev_loss)
         record = valid_record(p, dev_loss, bleu, time.perf_counter() - start)
         self.write_metrics(record)
@@ -450,6 +466,10 @@ class Trainer:
         check_signal()  # one that came as the validation ended stops the run now, on every rank
         return record
 
+    def _validation_penalty(self) -> float:
+        """The length penalty validation scores with (``validation_length_penalty``)."""
+        return validation_length_penalty(self.progress, self.cfg, self.run.tune_decode_path)
+
     def _dev_digest(self) -> str:
         if self._dev_data is None:
             self._dev_data = dev_digest(self.data.dev_src, self.data.dev_trg)
@@ -461,7 +481,8 @@ class Trainer:
         A run that validated fewer than N times averages what it has (a warning), from 2 on."""
         if not self.world.is_main:
             return
-        score = dev_scorer(self.translator, self.cfg, self.data.dev_src, self.data.dev_trg)
+        validating = validation_config(self.cfg, self._validation_penalty())  # ranked against validations
+        score = dev_scorer(self.translator, validating, self.data.dev_src, self.data.dev_trg)
         last = self.cfg.train.average_last
         scores = average_last(self.run, self.cfg, last, self.model, score, self.log, fewer_ok=True)
         if scores is not None:

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from nmt import checkpoint
+from nmt.config import MAX_LENGTH_PENALTY
 from nmt.rundir import fingerprint_problem
 from nmt.saved_numbers import is_number, is_whole_number
 
@@ -44,6 +45,10 @@ class Progress:
     # Digest of the dev set the validations were scored on (``nmt.validation.dev_digest``; "": none yet,
     # or a checkpoint of an earlier version): a resume on another would rank its scores with theirs.
     dev_data: str = ""
+    # The decode.length_penalty validation's beam search scores with, that of the run's first validation
+    # for its whole life (``nmt.validation.validation_length_penalty``): 'nmt tune-decode' changes the
+    # config's. -1: none yet, or a checkpoint of an earlier version.
+    validate_length_penalty: float = -1.0
 
     @property
     def update_epoch(self) -> int:
@@ -85,6 +90,9 @@ def progress_problem(saved: dict, update: int) -> str | None:
             return f"{said}, not a number"
         if isinstance(default, str) and not isinstance(value, str):
             return f"{said}, not a string"
+    penalty = saved.get("validate_length_penalty", -1.0)
+    if penalty != -1.0 and not 0 <= penalty <= MAX_LENGTH_PENALTY:
+        return f"progress.validate_length_penalty is {penalty!r}, not -1 or a length penalty"
     elapsed = saved.get("elapsed_seconds", 0.0)
     if not (math.isfinite(elapsed) and elapsed >= 0):  # train.max_minutes and time-based schedules read it
         return f"progress.elapsed_seconds is {elapsed!r}, not a time"

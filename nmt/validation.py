@@ -1,7 +1,7 @@
 """Validation's arithmetic: the dev loss (teacher-forced NLL per token), dev BLEU with its
 hypotheses, the verdict kept in ``Progress`` (a new best, or one more bad validation towards
-``train.patience``), the record and log line a validation leaves, and the digest of the dev set it
-scored on, by which a resume on another is refused. ``Trainer.validate`` runs them
+``train.patience``), the record and log line a validation leaves, the digest of the dev set it
+scored on, by which a resume on another is refused, and the length penalty its beam search keeps. ``Trainer.validate`` runs them
 on rank 0 and does what has side effects: dev.hyp, the best checkpoints, the training state, and
 what a failed validation still saves.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import math
 from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -20,8 +22,10 @@ from nmt.batching import make_batch, token_batches
 from nmt.config import Config
 from nmt.loss import teacher_forced_loss
 from nmt.prepare import EncodedCorpus, Prepared
+from nmt.saved_numbers import is_number
 from nmt.training_state import Progress
 from nmt.translate import Translator
+from nmt.tune_decode import untuned_decode
 
 
 def evaluate_loss(
@@ -89,6 +93,34 @@ def dev_set_change(p: Progress, digest: str) -> str | None:
         f"scored on (best BLEU {p.best_bleu:.2f} at update {p.best_update}), and the best checkpoints and "
         "train.patience compare those scores; give that dev set again (moved files are fine: it is "
         "recognised by its text), or use a new run_dir"
+    )
+
+
+def validation_length_penalty(p: Progress, cfg: Config, tune_report: Path) -> float:
+    """The length penalty validation's beam search scores with: the one recorded at the run's first
+    validation, for its whole life, since 'nmt tune-decode' writes another into the run's
+    decode.length_penalty and the best checkpoints, patience and the averaged model's standing
+    compare every validation's score. A run not validated yet, or a state of an earlier version,
+    takes the run's own (``untuned_decode``: tune_decode.json's "before" where config.yaml holds the
+    tuned pair)."""
+    if p.last_validated >= 0 and is_number(p.validate_length_penalty) and p.validate_length_penalty >= 0:
+        return p.validate_length_penalty
+    return untuned_decode(cfg.decode, tune_report)["length_penalty"]
+
+
+def validation_config(cfg: Config, penalty: float) -> Config:
+    """``cfg`` as validation decodes with it: ``penalty`` (``validation_length_penalty``)."""
+    return replace(cfg, decode=replace(cfg.decode, length_penalty=penalty))
+
+
+def penalty_line(cfg: Config, penalty: float) -> str | None:
+    """What the log says where validation's beam search scores with another ``penalty`` than
+    decode.length_penalty; None where it does not, or validation is greedy (no penalty changes it)."""
+    if cfg.train.validate_beam_size == 1 or penalty == cfg.decode.length_penalty:
+        return None
+    return (
+        f"validation decodes with length penalty {penalty}, the run's since its first validation, not "
+        f"decode.length_penalty {cfg.decode.length_penalty}: its scores rank against the earlier ones"
     )
 
 

@@ -83,6 +83,40 @@ def test_resuming_with_the_original_config_keeps_the_tuned_decoding(tmp_path, ca
     assert RunDir.existing(run).config().decode.beam_size == 2
 
 
+@pytest.mark.parametrize("earlier_version", [False, True])
+def test_validation_keeps_the_runs_length_penalty_after_tune_decode(tmp_path, monkeypatch, capsys, earlier_version):
+    # Beam validation decoded with the tuned decode.length_penalty once resumed: its scores were ranked
+    # against the best scored with the run's own (best checkpoints, patience, the average's standing).
+    import nmt.validation
+
+    config = tiny_config(tmp_path, max_updates=3, validate_every=3, warmup_updates=1, validate_beam_size=2)
+    assert main(["train", "--config", str(config)]) == 0  # decode: beam 3, alpha 1.0
+    run = tmp_path / "run"
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.25"]) == 0
+    state_path = run / "checkpoints" / "update_00000003.pt"
+    if earlier_version:  # a state that recorded no penalty: the run's own, tune_decode.json's "before"
+        state = checkpoint_file.load(state_path)
+        assert state["progress"].pop("validate_length_penalty") == 1.0
+        checkpoint_file.save(state, state_path)
+    penalties = []
+    dev_bleu = nmt.validation.dev_bleu
+    monkeypatch.setattr(
+        nmt.validation,
+        "dev_bleu",
+        lambda tr, cfg, *a: penalties.append(cfg.decode.length_penalty) or dev_bleu(tr, cfg, *a),
+    )
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=6"]) == 0
+    log = capsys.readouterr().err
+    assert "keeping beam 2, length penalty 0.25 ('nmt tune-decode')" in log
+    assert "validation decodes with length penalty 1.0, the run's since its first validation, not " in log
+    assert "decode.length_penalty 0.25" in log and RunDir.existing(run).config().decode.length_penalty == 0.25
+    assert penalties == [1.0]
+    assert (
+        checkpoint_file.load(run / "checkpoints" / "update_00000006.pt")["progress"]["validate_length_penalty"] == 1.0
+    )
+
+
 def test_beams_below_the_runs_nbest_are_left_out_so_the_config_stays_valid(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=10, validate_every=10, warmup_updates=1)  # decode: beam 3
     assert main(["train", "--config", str(config), "--set", "decode.nbest=2"]) == 0
