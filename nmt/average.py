@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 import torch
 
@@ -23,6 +24,7 @@ from nmt.config import Config
 from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
 from nmt.rundir import RunDir
+from nmt.saved_numbers import is_whole_number
 from nmt.scoring import bleu_only, check_run_bleu
 
 
@@ -145,6 +147,24 @@ def average_last(
     return bleu, best
 
 
+def config_as_validated(run: RunDir, cfg: Config, state_path: Path) -> Config:
+    """``cfg`` as the run's validations decode with it: the length penalty the training state at
+    ``state_path`` recorded for them (``nmt.validation.validation_length_penalty``), since the average
+    is ranked against their scores and 'nmt tune-decode' may have written another into config.yaml."""
+    from nmt import validation
+    from nmt.training_state import Progress
+
+    saved = checkpoint_file.load(state_path).get("progress")
+    saved = saved if isinstance(saved, dict) else {}
+    validated = saved.get("last_validated", -1)  # a damaged state is refused later, when averaged
+    recorded = Progress(
+        last_validated=validated if is_whole_number(validated) else -1,
+        validate_length_penalty=saved.get("validate_length_penalty", -1.0),
+    )
+    penalty = validation.validation_length_penalty(recorded, cfg, run.tune_decode_path)
+    return validation.validation_config(cfg, penalty)
+
+
 def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None]) -> tuple[float, float] | None:
     """``nmt average``: lock the run (no trainer may be writing it), average, score on its dev set."""
     from nmt.corpus import clean_pairs, read_parallel
@@ -155,11 +175,11 @@ def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None])
     check_run_bleu(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase, run.config_path)
     run.lock(log, "average")
     try:
-        checkpoints_to_average(run, cfg, last, log, fewer_ok=False)  # too few: said now, not after seconds of loading
+        found = checkpoints_to_average(run, cfg, last, log, fewer_ok=False)  # too few: said now, not after loading
         run.checkpoints(cfg).read_index()  # and an index that cannot be read (the best score is ranked against)
         translator = load_translator(run, device, None, log, which="last")
         dev_src, dev_trg, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
-        score = dev_scorer(translator, cfg, dev_src, dev_trg)
+        score = dev_scorer(translator, config_as_validated(run, cfg, found[0].path), dev_src, dev_trg)
         return average_last(run, cfg, last, translator.model, score, log)
     finally:
         run.close()

@@ -1,9 +1,9 @@
 """Validation's arithmetic: the dev loss (teacher-forced NLL per token), dev BLEU with its
 hypotheses, the verdict kept in ``Progress`` (a new best, or one more bad validation towards
 ``train.patience``), the record and log line a validation leaves, the digest of the dev set it
-scored on, by which a resume on another is refused, and the length penalty its beam search keeps. ``Trainer.validate`` runs them
-on rank 0 and does what has side effects: dev.hyp, the best checkpoints, the training state, and
-what a failed validation still saves.
+scored on, by which a resume on another is refused, and the length penalty its beam search keeps.
+``Trainer.validate`` runs them on rank 0 and does what has side effects: dev.hyp, the best
+checkpoints, the training state, and what a failed validation still saves.
 """
 
 from __future__ import annotations

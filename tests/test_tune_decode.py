@@ -117,6 +117,27 @@ def test_validation_keeps_the_runs_length_penalty_after_tune_decode(tmp_path, mo
     )
 
 
+def test_nmt_average_scores_with_the_validations_length_penalty_after_tune_decode(tmp_path, monkeypatch):
+    # 'nmt average' ranks its average against the validations' best: it scored with the tuned
+    # decode.length_penalty that tune-decode wrote into config.yaml, the validations with the run's own.
+    import nmt.average
+
+    config = tiny_config(tmp_path, max_updates=4, validate_every=2, warmup_updates=1, validate_beam_size=2)
+    assert main(["train", "--config", str(config), "--set", "train.keep_last=2"]) == 0  # decode: alpha 1.0
+    run = tmp_path / "run"
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.25"]) == 0
+    assert RunDir.existing(run).config().decode.length_penalty == 0.25
+    penalties = []
+    dev_bleu = nmt.average.dev_bleu
+    monkeypatch.setattr(
+        nmt.average,
+        "dev_bleu",
+        lambda tr, cfg, *a: penalties.append(cfg.decode.length_penalty) or dev_bleu(tr, cfg, *a),
+    )
+    assert main(["average", "--model", str(run), "--last", "2"]) == 0
+    assert penalties == [1.0]
+
+
 def test_beams_below_the_runs_nbest_are_left_out_so_the_config_stays_valid(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=10, validate_every=10, warmup_updates=1)  # decode: beam 3
     assert main(["train", "--config", str(config), "--set", "decode.nbest=2"]) == 0
