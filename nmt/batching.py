@@ -254,6 +254,24 @@ def batch_shapes(plan: BatchPlan, src_lens: Sequence[int], trg_lens: Sequence[in
     return len(np.unique(np.stack([rows, src, trg], axis=1), axis=0))
 
 
+def epoch_batch_shapes(src_lens: Sequence[int], trg_lens: Sequence[int], max_tokens: int) -> int:
+    """``batch_shapes`` of every epoch's whole plan under ``max_tokens`` (``token_batches``), whatever
+    its seed and epoch: pairs that tie in (trg, src) order have the same lengths, so each epoch cuts
+    the same sorted lengths into the same shapes, only in another order. Counted from the sorted
+    lengths alone, without making a plan: no pair indices sorted, no shuffle."""
+    src = np.asarray(src_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
+    trg = np.asarray(trg_lens, dtype=np.int64) + _SPECIALS_PER_SIDE
+    if src.size == 0:
+        return 0
+    radix = int(src.max()) + 1
+    key = np.sort(_narrow(trg * radix + src))  # (trg, src) lexicographic, as token_batches orders the pairs
+    trg, src = np.divmod(key, key.dtype.type(radix))  # in the key's narrow type: 7x faster than int64
+    counts = np.asarray(_greedy_cuts(np.maximum(src, trg), max_tokens), dtype=np.int64)
+    starts = np.cumsum(counts) - counts
+    shapes = np.stack([counts, np.maximum.reduceat(src, starts), np.maximum.reduceat(trg, starts)], axis=1)
+    return len(np.unique(shapes, axis=0))
+
+
 def padding_fraction(batches: Sequence[Sequence[int]], trg_lens: Sequence[int]) -> float:
     """Share of padded target slots (``n * longest trg`` per batch, BOS/EOS counted) that are padding:
     the target side is what the loss and the output projection pay for."""

@@ -23,7 +23,7 @@ import torch
 
 from nmt import autotune, distributed, testhooks
 from nmt.average import average_last, dev_scorer
-from nmt.batching import BatchPlan, batch_shapes, derived_seed, make_batch
+from nmt.batching import BatchPlan, derived_seed, epoch_batch_shapes, make_batch
 from nmt.config import Config, config_to_dict
 from nmt.device import (
     Precision,
@@ -222,9 +222,11 @@ class Trainer:
 
     def _size_kernel_cache(self) -> None:
         """oneDNN's kernel cache: room for every batch shape of an epoch where that is affordable
-        (``nmt.device.onednn_cache_capacity``), unless ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise."""
+        (``nmt.device.onednn_cache_capacity``), unless ONEDNN_PRIMITIVE_CACHE_CAPACITY says otherwise.
+        Counted without an epoch's plan: a resumed run's epoch is not known yet, and each plan made
+        sorts every pair (``epoch_batch_shapes``)."""
         data = self.data.train
-        shapes = batch_shapes(self.epoch_plan(), data.src_lens, data.trg_lens)
+        shapes = epoch_batch_shapes(data.src_lens, data.trg_lens, self.cfg.train.max_tokens)
         chosen_by = "ONEDNN_PRIMITIVE_CACHE_CAPACITY; " if "ONEDNN_PRIMITIVE_CACHE_CAPACITY" in os.environ else ""
         capacity = size_onednn_cache(shapes, self.world.local_world_size)
         self.log(f"oneDNN kernel cache: {capacity} kernels ({chosen_by}batch shapes in an epoch: {shapes})")

@@ -9,6 +9,7 @@ import torch
 
 from nmt.batching import (
     batch_shapes,
+    epoch_batch_shapes,
     make_batch,
     padding_fraction,
     rebatched_rest,
@@ -123,6 +124,15 @@ def test_batch_shapes_counts_distinct_sentence_counts_and_longest_sides():
     assert 1 < len(shapes) < len(plan)  # some batches share a shape
     assert batch_shapes(plan, src, trg) == len(shapes)
     assert batch_shapes(token_batches([], [], 512, 7, 1), [], []) == 0
+
+
+@pytest.mark.parametrize("high, max_tokens", [(8, 40), (60, 512), (400, 2000)])  # many ties; a 32-bit key
+def test_epoch_batch_shapes_are_those_of_every_epoch_s_plan(high, max_tokens):
+    src, trg = _lengths(3000, high=high)
+    shapes = epoch_batch_shapes(src, trg, max_tokens)
+    for seed, epoch in [(None, 0), (7, 1), (7, 2), (11, 5)]:
+        assert batch_shapes(token_batches(src, trg, max_tokens, seed, epoch), src, trg) == shapes
+    assert epoch_batch_shapes([], [], max_tokens) == 0
 
 
 def test_empty_corpus_gives_no_batches():

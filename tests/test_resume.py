@@ -14,7 +14,7 @@ import torch
 import yaml
 from conftest import PAIRS, tiny_config, write_corpus
 
-from nmt import checkpoint, checkpoint_file, testhooks
+from nmt import checkpoint, checkpoint_file, epoch_plan, testhooks
 from nmt.cli import main
 from nmt.device import cpu_has_bf16
 from nmt.epoch_plan import resumed_position, training_data_change
@@ -280,6 +280,19 @@ def test_resume_with_bigger_batches_goes_on_where_the_old_ones_left_off(tmp_path
     assert "resuming with train.max_tokens 40 -> 1024: the " in err and "ZeroDivision" not in err
     update, _ = final_weights(tmp_path / "run")
     assert update == 12
+
+
+def test_a_resumed_run_makes_the_plan_of_its_epoch_once(tmp_path, monkeypatch):
+    # Each plan made sorts every training pair: the oneDNN cache's size was counted on a plan of
+    # epoch 1, made before the resumed epoch was known, and then made again for that epoch.
+    config = tiny_config(tmp_path, max_updates=7, validate_every=100, max_tokens=128, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    assert checkpoint_file.load(final_path(tmp_path / "run"))["progress"]["epoch"] == 4
+    made = []
+    token_batches = epoch_plan.token_batches
+    monkeypatch.setattr(epoch_plan, "token_batches", lambda *args: made.append(args[-1]) or token_batches(*args))
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=8"]) == 0
+    assert made == [4]
 
 
 def record_epochs(monkeypatch) -> dict[int, list[int]]:
