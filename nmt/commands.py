@@ -201,7 +201,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from nmt.corpus import read_lines
-    from nmt.scoring import bleu_metric, check_line_counts, corpus_scores
+    from nmt.scoring import bleu_metric, check_line_counts, check_run_bleu, corpus_scores
 
     _check_hyp_alone(args)
     _check_bleu_tokenizer(args.tokenize)
@@ -223,8 +223,11 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         _decode_config(args, cfg, run)
         tokenize = args.tokenize or cfg.decode.bleu_tokenize
         lowercase = cfg.decode.bleu_lowercase if args.lowercase is None else args.lowercase
-        key = "--tokenize" if args.tokenize else f"{run.config_path}: decode.bleu_tokenize"
-        bleu_metric(tokenize, lowercase, key)  # a tokenizer that cannot run is said before translating
+        # A tokenizer that cannot run is said before translating, naming the option or the run's config.
+        if args.tokenize:
+            bleu_metric(tokenize, lowercase, "--tokenize")
+        else:
+            check_run_bleu(tokenize, lowercase, run.config_path)
         source = input_file(args.src, "--src")
         src_name = "<stdin>" if source is None else args.src
         if source is not None and source.is_file():  # stdin or a pipe can be read only once: checked after

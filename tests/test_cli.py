@@ -940,17 +940,24 @@ def test_a_bleu_tokenizer_that_cannot_run_is_one_line_naming_the_option_or_key(
     assert not list((tmp_path / "new").rglob("*.pt"))
 
 
-def test_tune_decode_and_average_say_a_run_bleu_tokenizer_that_cannot_run_before_decoding(
+def test_tune_decode_average_and_eval_bleu_say_a_run_bleu_tokenizer_that_cannot_run_before_decoding(
     trained_run, tmp_path, capsys, monkeypatch
 ):
     """A run whose decode.bleu_tokenize needs an extra not installed here (a run trained elsewhere) is
-    refused by tune-decode and average before any model is loaded: they scored only after a whole pass
-    over the dev set (a grid point, an averaged model)."""
+    refused by tune-decode, average and eval-bleu --model before any model is loaded, naming its config:
+    tune-decode and average scored only after a whole pass over the dev set (a grid point, an averaged model)."""
     run = _japanese_scored_copy(trained_run, tmp_path / "run", monkeypatch)
-    for argv in (["tune-decode", "--model", run, "--beam-sizes", "1"], ["average", "--model", run, "--last", "2"]):
+    src, ref = trained_run / "data" / "train.de", trained_run / "data" / "train.en"
+    for argv in (
+        ["tune-decode", "--model", run, "--beam-sizes", "1"],
+        ["average", "--model", run, "--last", "2"],
+        ["eval-bleu", "--model", run, "--src", src, "--ref", ref],
+    ):
         code, out, err = run_cli(argv, capsys)
         assert code == 2 and err.count("\n") == 1, err
-        assert "decode.bleu_tokenize ja-mecab: needs an extra: pip install 'sacrebleu[ja]'" in err
+        assert (
+            f"{run / 'config.yaml'}: decode.bleu_tokenize ja-mecab: needs an extra: pip install 'sacrebleu[ja]'" in err
+        )
 
 
 def test_a_run_scores_bleu_with_its_decode_bleu_tokenize(trained_run, tmp_path, capsys):
