@@ -118,6 +118,18 @@ def test_mixed_lengths_in_one_batch_match_single_sentences():
     torch.testing.assert_close(both[:1], alone, atol=1e-5, rtol=1e-5)
 
 
+def test_a_compiled_model_encodes_padded_rows_without_a_graph_break():
+    """train.compile on a CPU: the packed encoder's branch on the mask's values (and the packing's
+    data-dependent size) broke torch.compile's graph, with a 15-line warning at the first update."""
+    dynamo = pytest.importorskip("torch._dynamo")  # tracing only: no C++ compiler needed
+    model = make()
+    src, mask, trg = batch(B=2, S=6)
+    mask[0, 3:] = False
+    src[0, 3:] = PAD
+    explained = dynamo.explain(model)(src, mask, trg)
+    assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
+
+
 @pytest.mark.parametrize("norm", ["post", "pre"])
 def test_packed_encoder_gradients_equal_each_sentence_alone(norm):
     """A padded batch (encoded on its real rows only, see Packing) gives the same parameter

@@ -78,7 +78,7 @@ def onednn_rows_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return onednn_mm(b.t(), a).t()
 
 
-def _compiling() -> bool:
+def compiling() -> bool:
     """Whether torch.compile is tracing: its compiler picks its own CPU kernels (and cannot lower the
     oneDNN op called with a transposed weight)."""
     is_compiling = getattr(getattr(torch, "compiler", None), "is_compiling", None)  # torch >= 2.3
@@ -111,7 +111,7 @@ def affine(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, fp3
     if x.device.type != "cpu" or x.dtype != torch.float32 or cpu_autocast_enabled():
         return F.linear(x, weight, bias)
     rows = x.reshape(-1, x.shape[-1])
-    if fp32_matmul == "onednn" and not _compiling():
+    if fp32_matmul == "onednn" and not compiling():
         y = _OneDnnAffine.apply(rows, weight, bias) if torch.is_grad_enabled() else onednn_affine(rows, weight, bias)
     elif bias is None:
         return F.linear(x, weight)

@@ -29,7 +29,7 @@ from torch import nn
 from nmt.errors import NMTError
 from nmt.models.base import Seq2Seq
 from nmt.models.dropout import Dropout, add_dropout
-from nmt.models.linear import Linear
+from nmt.models.linear import Linear, compiling
 from nmt.models.multihead import KV, CrossAttention, Packing, SelfAttention, key_padding_mask
 
 
@@ -303,9 +303,11 @@ class Transformer(Seq2Seq):
     def encode(self, src: torch.Tensor, src_mask: torch.Tensor) -> EncoderOutput:
         mask = key_padding_mask(src_mask)  # (B, 1, 1, S)
         packing = None
-        if src.device.type == "cpu" and not bool(src_mask.all()):
+        if src.device.type == "cpu" and not compiling() and not bool(src_mask.all()):
             # Compute on the real rows only (see Packing). Not on GPUs: there the row count hardly
             # sets the time at these sizes, and the packing's data-dependent size would cost a sync.
+            # Not under torch.compile: the branch on the mask's values and the packing's size break
+            # its graph (a long warning at the first update); the compiler gets the padded rows.
             packing = Packing(src_mask)
             x = self.embed_packed(self.src_embed, src, packing)  # (N, D)
         else:
