@@ -83,6 +83,16 @@ def test_resuming_with_the_original_config_keeps_the_tuned_decoding(tmp_path, ca
     assert RunDir.existing(run).config().decode.beam_size == 2
 
 
+def _record_penalties(monkeypatch, module) -> list[float]:
+    """The decode.length_penalty of every dev_bleu call through ``module``, in order."""
+    penalties = []
+    dev_bleu = module.dev_bleu
+    monkeypatch.setattr(
+        module, "dev_bleu", lambda tr, cfg, *a: penalties.append(cfg.decode.length_penalty) or dev_bleu(tr, cfg, *a)
+    )
+    return penalties
+
+
 @pytest.mark.parametrize("earlier_version", [False, True])
 def test_validation_keeps_the_runs_length_penalty_after_tune_decode(tmp_path, monkeypatch, capsys, earlier_version):
     # Beam validation decoded with the tuned decode.length_penalty once resumed: its scores were ranked
@@ -98,13 +108,7 @@ def test_validation_keeps_the_runs_length_penalty_after_tune_decode(tmp_path, mo
         state = checkpoint_file.load(state_path)
         assert state["progress"].pop("validate_length_penalty") == 1.0
         checkpoint_file.save(state, state_path)
-    penalties = []
-    dev_bleu = nmt.validation.dev_bleu
-    monkeypatch.setattr(
-        nmt.validation,
-        "dev_bleu",
-        lambda tr, cfg, *a: penalties.append(cfg.decode.length_penalty) or dev_bleu(tr, cfg, *a),
-    )
+    penalties = _record_penalties(monkeypatch, nmt.validation)
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=6"]) == 0
     log = capsys.readouterr().err
@@ -127,13 +131,7 @@ def test_nmt_average_scores_with_the_validations_length_penalty_after_tune_decod
     run = tmp_path / "run"
     assert main(["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.25"]) == 0
     assert RunDir.existing(run).config().decode.length_penalty == 0.25
-    penalties = []
-    dev_bleu = nmt.average.dev_bleu
-    monkeypatch.setattr(
-        nmt.average,
-        "dev_bleu",
-        lambda tr, cfg, *a: penalties.append(cfg.decode.length_penalty) or dev_bleu(tr, cfg, *a),
-    )
+    penalties = _record_penalties(monkeypatch, nmt.average)
     assert main(["average", "--model", str(run), "--last", "2"]) == 0
     assert penalties == [1.0]
 
