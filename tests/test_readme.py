@@ -1,7 +1,8 @@
 """The README's and docs' commands and the README's config reference agree with the code: every
 subcommand and option they show exists, every --set key loads, every config named is shipped, every
-file a command block reads was written earlier in the block or is fetched data, and the reference
-lists every config key with the defaults it states."""
+file a command block reads was written earlier in the block or is fetched data, the config reference
+lists every config key with the defaults it states, and the command reference every subcommand and
+option with the defaults it states."""
 
 from __future__ import annotations
 
@@ -169,3 +170,49 @@ STATED_DEFAULTS = [
 def test_each_default_the_readme_states_is_the_code_s(phrase, cls, key, default):
     assert " ".join(phrase.split()) in " ".join(README.split()), phrase
     assert getattr(cls(), key) == default
+
+
+# ---------------------------------------------------------------------------- command reference
+
+COMMAND_REFERENCE = README[README.index("## Command reference") : README.index("## Config reference")]
+
+
+def command_entries() -> dict[str, str]:
+    """The command reference's items, by the subcommand each opens with (`nmt SUBCOMMAND ...`)."""
+    entries: dict[str, str] = {}
+    for item in re.split(r"\n- ", COMMAND_REFERENCE)[1:]:
+        match = re.match(r"`nmt ([a-z-]+)", item)
+        if match:
+            entries[match.group(1)] = entries.get(match.group(1), "") + item
+    return entries
+
+
+COMMAND_ENTRIES = command_entries()
+
+
+@pytest.mark.parametrize("subcommand", sorted(SUBCOMMANDS))
+def test_the_command_reference_lists_every_subcommand_and_its_options(subcommand):
+    # The reverse of the check above: an option the parser has and its item does not name (its long
+    # or short spelling, a positional by its metavar) is one the reader cannot learn of from it.
+    entry = COMMAND_ENTRIES.get(subcommand)
+    assert entry, f"nmt {subcommand} has no item in the README's command reference"
+    for action in SUBCOMMANDS[subcommand]._actions:
+        if isinstance(action, argparse._HelpAction):
+            continue
+        names = action.option_strings or [action.metavar or action.dest.upper()]
+        named = any(re.search(rf"(?<![\w-]){re.escape(name)}(?![\w-])", entry) for name in names)
+        assert named, f"nmt {subcommand} {names[0]} is missing from its item in the README's command reference"
+
+
+# The CLI defaults the command reference states, as it words them, and the value each stands for.
+STATED_OPTION_DEFAULTS = [
+    ("[--beam-sizes 1,2,4,5,8]", "tune-decode", "beam_sizes", [1, 2, 4, 5, 8]),
+    ("[--length-penalties 0,0.6,0.8,1,1.2,1.5]", "tune-decode", "length_penalties", [0, 0.6, 0.8, 1, 1.2, 1.5]),
+    ("`nmt compare RUN_DIR [RUN_DIR ...] [--out DIR]` (default `report`)", "compare", "out", "report"),
+]
+
+
+@pytest.mark.parametrize(("phrase", "subcommand", "dest", "default"), STATED_OPTION_DEFAULTS, ids=lambda v: str(v)[:40])
+def test_each_option_default_the_command_reference_states_is_the_parser_s(phrase, subcommand, dest, default):
+    assert " ".join(phrase.split()) in " ".join(COMMAND_REFERENCE.split()), phrase
+    assert SUBCOMMANDS[subcommand].get_default(dest) == default
