@@ -16,8 +16,9 @@ from pathlib import Path
 import pytest
 
 from nmt.cli import build_parser
-from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig, load_config
+from nmt.config import Config, DataConfig, DecodeConfig, TrainConfig, config_from_dict, load_config
 from nmt.corpus_spec import CorpusConfig
+from nmt.errors import NMTError
 from nmt.models.rnn import RNNConfig
 from nmt.models.transformer import TransformerConfig
 from nmt.tokenizer import TokenizerConfig
@@ -216,3 +217,43 @@ STATED_OPTION_DEFAULTS = [
 def test_each_option_default_the_command_reference_states_is_the_parser_s(phrase, subcommand, dest, default):
     assert " ".join(phrase.split()) in " ".join(COMMAND_REFERENCE.split()), phrase
     assert SUBCOMMANDS[subcommand].get_default(dest) == default
+
+
+# The ranges the config reference states, as it words them: (phrase, key, lowest, highest allowed).
+STATED_RANGES = [
+    ("`synthetic_train_pairs`\ntraining pairs, at most 10^8", "data.synthetic_train_pairs", 1, 10**8),
+    ("`character_coverage` (in [0.98, 1], what SentencePiece accepts)", "tokenizer.character_coverage", 0.98, 1.0),
+    ("`threads` (SentencePiece's training threads, default 16, in [1, 1024])", "tokenizer.threads", 1, 1024),
+    ("`encoder_layers` and `decoder_layers` are\nat most 1,024", "model.encoder_layers", 1, 1024),
+    ("`encoder_layers` and `decoder_layers` are\nat most 1,024", "model.decoder_layers", 1, 1024),
+    ("widths (`d_model`, `ff_size`, `rnn_hidden`, `max_positions`) at most 2^24", "model.d_model", 1, 2**24),
+    ("widths (`d_model`, `ff_size`, `rnn_hidden`, `max_positions`) at most 2^24", "model.ff_size", 1, 2**24),
+    ("widths (`d_model`, `ff_size`, `rnn_hidden`, `max_positions`) at most 2^24", "model.rnn_hidden", 1, 2**24),
+    ("widths (`d_model`, `ff_size`, `rnn_hidden`, `max_positions`) at most 2^24", "model.max_positions", 1, 2**24),
+    ("`threads` (`auto` or a number in [1, 1024]", "train.threads", 1, 1024),
+]
+
+
+def config_takes(key: str, value) -> bool:
+    """Whether a minimal config with ``key`` set to ``value`` passes the checks of every config (not
+    training's, which compare keys: max_positions against data.max_len)."""
+    values = {"data": {"train": "t", "dev": "d"}}
+    section, name = key.split(".")
+    values.setdefault(section, {})[name] = value
+    if key == "model.rnn_hidden":
+        values["model"]["type"] = "rnn"
+    if key == "model.d_model":
+        values["model"]["heads"] = 1  # which divides any width
+    try:
+        config_from_dict(values, training=False)
+    except NMTError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize(("phrase", "key", "lowest", "highest"), STATED_RANGES, ids=lambda v: str(v)[:40])
+def test_each_range_the_config_reference_states_is_the_code_s(phrase, key, lowest, highest):
+    assert " ".join(phrase.split()) in " ".join(REFERENCE.split()), phrase
+    step = 1 if isinstance(lowest, int) else 0.001
+    assert config_takes(key, lowest) and config_takes(key, highest), key
+    assert not config_takes(key, lowest - step) and not config_takes(key, highest + step), key
