@@ -149,6 +149,7 @@ def test_the_top_level_keys_are_those_the_reference_names():
 
 
 # The defaults the README states, as it words them, and the value each stands for.
+AUTO_KEYS_DEFAULT = "`train.precision`, `train.attention`,\n`train.fp32_matmul` and `train.threads` default to `auto`"
 STATED_DEFAULTS = [
     ("`shard_pairs` (pairs per binarized shard,\ndefault 100,000)", DataConfig, "shard_pairs", 100_000),
     ("`workers` (encoding processes, default and at most one per CPU", DataConfig, "workers", None),
@@ -162,6 +163,8 @@ STATED_DEFAULTS = [
     ("`validate_beam_size` (default 1, greedy)", TrainConfig, "validate_beam_size", 1),
     ("`validate_max_sentences` dev sentences\n(default all)", TrainConfig, "validate_max_sentences", None),
     ("plus its compilation) and is off by default", TrainConfig, "compile", False),
+    *((AUTO_KEYS_DEFAULT, TrainConfig, key, "auto") for key in ("precision", "attention", "fp32_matmul", "threads")),
+    ("trained with `tokenizer.threads` (16)", TokenizerConfig, "threads", 16),
     ("`13a`, the default, for languages written with spaces", DecodeConfig, "bleu_tokenize", "13a"),
     ("`bleu_lowercase` (case-insensitive\nBLEU and chrF; default false)", DecodeConfig, "bleu_lowercase", False),
 ]
