@@ -236,10 +236,10 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
         translator = Translator(trainer.model, data.src_tok, data.trg_tok, device, precision, kernels=kernels)
         report["decode_model"] = None
     report["decoding_kernels"] = decoding_kernels(translator)
-    if model_dir is not None:  # the run's own choice (kernels.json), not the scratch run's training one above
+    if model_dir is not None:  # as translate decodes that run, not in the scratch run's training choice above
         k = report["decoding_kernels"]
         log(
-            f"decoding in {model_dir}'s kernels: precision {k['precision']}, attention {k['attention']}, "
+            f"decoding {model_dir} as 'nmt translate' does: precision {k['precision']}, attention {k['attention']}, "
             f"fp32 matmul {k['fp32_matmul']}"
         )
     report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
