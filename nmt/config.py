@@ -38,7 +38,7 @@ class DataConfig:
     synthetic_seed: int = 1
     synthetic_train_pairs: int = 6000
     shard_pairs: int = 100_000  # training pairs per binarized shard (one encoding task each)
-    workers: int | None = None  # processes encoding shards; default: one per CPU core
+    workers: int | None = None  # processes encoding shards; default: one per CPU the process may use (its affinity)
 
 
 @dataclass
