@@ -140,8 +140,8 @@ def _complete_shard(directory: Path, index: int, fingerprint: str) -> dict | Non
         sizes = {key: (directory / f"{name}.{key}.npy").stat().st_size for key in ARRAYS}
     except (OSError, ValueError):
         return None
-    if meta.get("fingerprint") != fingerprint or meta.get("bytes") != sizes:
-        return None
+    if not isinstance(meta, dict) or meta.get("fingerprint") != fingerprint or meta.get("bytes") != sizes:
+        return None  # another preparation's, or edited: encoded again
     return meta
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -19,10 +20,54 @@ ARRAYS = ("src", "trg", "off")
 
 
 def read_index(directory: Path) -> dict | None:
+    """The preparation's ``index.json``; None where there is none that reads as one (an interrupted
+    preparation, a file cut short or edited into something else)."""
     try:
-        return json.loads((directory / INDEX).read_text())
+        index = json.loads((directory / INDEX).read_text())
     except (OSError, ValueError):
         return None
+    return index if isinstance(index, dict) else None
+
+
+def _checked_index(directory: Path) -> dict:
+    """``index.json`` with the shard names and pair count the reader relies on, else one line naming it."""
+    index = read_index(directory)
+    if index is None or index.get("format") != "nmt-shards-1":
+        raise NMTError(f"{directory}: not a finished data preparation (no {INDEX}); run `nmt prepare` again")
+    names = index.get("shards")
+    named = isinstance(names, list) and all(isinstance(n, str) and _SHARD.fullmatch(n) for n in names)
+    if not named or not _is_count(index.get("kept")):
+        raise NMTError(f"{directory / INDEX}: not as the shard writer wrote it (edited?)")
+    return index
+
+
+_SHARD = re.compile(r"shard-\d{5,}")
+
+
+def _is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _shard_record(path: Path, fingerprint) -> dict:
+    """A shard's ``.json``, checked for what the reader takes from it: the sizes of its files and its
+    pair count, and that it was made by the preparation ``index.json`` records (its fingerprint).
+    A missing, unreadable or hand-edited record is damage, as a truncated shard is."""
+    try:
+        meta = json.loads(path.read_text())
+    except OSError as e:
+        raise NMTError(f"{path}: unreadable shard record ({e.strerror})") from None
+    except ValueError:
+        raise NMTError(f"{path}: unreadable shard record (not JSON)") from None
+    sizes = meta.get("bytes") if isinstance(meta, dict) else None
+    if (
+        not isinstance(sizes, dict)
+        or not all(_is_count(sizes.get(k)) for k in ARRAYS)
+        or not _is_count(meta.get("kept"))
+    ):
+        raise NMTError(f"{path}: shard record not as the shard writer wrote it (edited?)")
+    if meta.get("fingerprint") != fingerprint:
+        raise NMTError(f"{path}: shard made by another preparation than its {INDEX}")
+    return meta
 
 
 class _NpyReader:
@@ -75,6 +120,14 @@ def _allow_open_files(n: int) -> None:
         pass
 
 
+def _check_pair_count(offsets: _NpyReader, kept: int, record: Path) -> None:
+    """The offsets hold [2, kept + 1] starts, as the shard's record counts its pairs."""
+    if offsets.shape != (2, kept + 1):
+        raise NMTError(
+            f"{offsets.path}: shard offsets of shape {offsets.shape}, not (2, {kept + 1}) as {record} counts"
+        )
+
+
 class ShardedCorpus:
     """A prepared training set read straight from its shards: only the two length arrays live in RAM.
 
@@ -83,14 +136,12 @@ class ShardedCorpus:
     """
 
     def __init__(self, directory: Path):
-        index = read_index(directory)
-        if index is None or index.get("format") != "nmt-shards-1":
-            raise NMTError(f"{directory}: not a finished data preparation (no {INDEX}); run `nmt prepare` again")
+        index = _checked_index(directory)
         self.directory = directory
         _allow_open_files(3 * len(index["shards"]))
         self._files: list[dict[str, _NpyReader]] = []
         for name in index["shards"]:
-            meta = json.loads((directory / f"{name}.json").read_text())
+            meta = _shard_record(directory / f"{name}.json", index.get("fingerprint"))
             files = {}
             for key in ARRAYS:
                 path = directory / f"{name}.{key}.npy"
@@ -101,8 +152,13 @@ class ShardedCorpus:
                     files[key] = _NpyReader(path)
                 except (OSError, ValueError) as e:
                     raise NMTError(f"{path}: unreadable shard ({e})") from None
+            _check_pair_count(files["off"], meta["kept"], directory / f"{name}.json")
             self._files.append(files)
         counts = [files["off"].shape[1] - 1 for files in self._files]
+        if sum(counts) != index["kept"]:  # a shard left out of the index, or its count edited
+            raise NMTError(
+                f"{directory / INDEX}: counts {index['kept']} pairs, its shards hold {sum(counts)} (edited?)"
+            )
         self._starts = np.zeros(len(counts) + 1, dtype=np.int64)
         np.cumsum(counts, out=self._starts[1:])
         self.src_lens = self._lengths(0)

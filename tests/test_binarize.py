@@ -235,6 +235,55 @@ def test_the_run_writer_encodes_damaged_shards_again(tmp_path):
         run.close()
 
 
+def _edit_json(path: Path, edit) -> None:
+    path.write_text(json.dumps(edit(json.loads(path.read_text()))))
+
+
+# What a hand, a disk or a copy can do to the records the reader trusts, and the file it must name.
+RECORD_DAMAGE = {
+    "shard record deleted": ("shard-00001.json", lambda p: p.unlink()),
+    "shard record cut short": ("shard-00001.json", lambda p: p.write_text(p.read_text()[:20])),
+    "shard record a list": ("shard-00001.json", lambda p: p.write_text("[]")),
+    "shard sizes removed": ("shard-00001.json", lambda p: _edit_json(p, lambda m: {**m, "bytes": None})),
+    "shard count edited": ("shard-00001.json", lambda p: _edit_json(p, lambda m: {**m, "kept": m["kept"] - 1})),
+    "shard of another preparation": ("shard-00001.json", lambda p: _edit_json(p, lambda m: {**m, "fingerprint": "x"})),
+    "a shard left out of the index": (
+        "index.json",
+        lambda p: _edit_json(p, lambda m: {**m, "shards": m["shards"][:-1]}),
+    ),
+    "index without shards": (
+        "index.json",
+        lambda p: _edit_json(p, lambda m: {k: v for k, v in m.items() if k != "shards"}),
+    ),
+    "index a list": ("", lambda p: (p / "index.json").write_text("[]")),
+}
+
+
+@pytest.mark.parametrize("damage", RECORD_DAMAGE)
+def test_a_damaged_shard_record_or_index_is_one_line_naming_it_and_the_writer_encodes_again(tmp_path, damage):
+    """A traceback (FileNotFoundError, JSONDecodeError, KeyError, AttributeError) before, or with the
+    index's shard list shortened, a run trained on fewer pairs than were prepared, saying nothing."""
+    cfg = _config(tmp_path, 350)
+    run = RunDir(cfg.run_dir)
+    first = prepare(cfg, run, lambda m: None).train
+    expected = first.pairs(range(len(first)))
+    first.close()
+    name, do = RECORD_DAMAGE[damage]
+    victim = run.train_data_dir / name
+    do(victim)
+    with pytest.raises(NMTError) as err:
+        shards.ShardedCorpus(run.train_data_dir)
+    assert str(victim) in str(err.value) and "\n" not in str(err.value)
+    run.lock(lambda m: None)
+    try:
+        again = prepare(cfg, run, lambda m: None).train
+        got = again.pairs(range(len(again)))
+        assert all(np.array_equal(a, b) for side in (0, 1) for a, b in zip(got[side], expected[side], strict=True))
+        again.close()
+    finally:
+        run.close()
+
+
 def _foreign_files(directory: Path) -> dict[Path, bytes]:
     """Files the shard writer did not make, some with names like its own, and another run nested there."""
     foreign = {
