@@ -340,6 +340,8 @@ def binarize(
         "seconds": round(time.perf_counter() - start, 3),
         "shards": [_shard_name(i) for i in sorted(metas) if metas[i]["kept"] > 0],
         **_summary(ordered),
+        # The shards an interrupted preparation had finished, not encoded in these seconds.
+        "resumed": {"shards": len(finished), "read": sum(m.get("read", 0) for m in finished.values())},
     }
     with _writing(directory):
         atomic_write_bytes(directory / INDEX, json.dumps(index, indent=1).encode())

@@ -310,6 +310,21 @@ def encoding_workers(asked: int | None, cpus: int, log: Callable[[str], None]) -
     return asked
 
 
+def _encoding_speed(summary: dict) -> str:
+    """How many shards were made, by how many processes, how fast: counting only the pairs encoded
+    now, not those of the shards an interrupted preparation had finished."""
+    resumed = summary["resumed"]
+    read = summary["read"] - resumed["read"]
+    rate = read / max(summary["seconds"], 1e-9)
+    shards = f"{len(summary['shards'])} shards"
+    if resumed["shards"]:
+        shards += f" ({resumed['shards']} kept from the interrupted preparation; {read} pairs encoded now)"
+    return (
+        f"{shards}, read and encoded by {summary['workers']} process(es) in {summary['seconds']:.1f} s "
+        f"({rate:.0f} pairs/s)"
+    )
+
+
 def _binarized_train(
     cfg: Config, run: RunDir, src_tok: Tokenizer, trg_tok: Tokenizer, log, made_by_rank_0: bool = False
 ) -> ShardedCorpus:
@@ -343,11 +358,7 @@ def _binarized_train(
         fingerprint=fingerprint,
     )
     summary = binarize(_train_chunks(cfg), spec, workers, log)
-    rate = summary["read"] / max(summary["seconds"], 1e-9)
-    log(
-        f"train: {describe_drops(summary, d.max_len, d.max_len_ratio)}; {len(summary['shards'])} shards, "
-        f"read and encoded by {summary['workers']} process(es) in {summary['seconds']:.1f} s ({rate:.0f} pairs/s)"
-    )
+    log(f"train: {describe_drops(summary, d.max_len, d.max_len_ratio)}; {_encoding_speed(summary)}")
     if summary["kept"] == 0:
         if summary["read"] == summary["empty"]:
             raise _empty_corpus("train", d.train)

@@ -178,6 +178,11 @@ def test_interrupted_preparation_is_detected_and_resumed(tmp_path, monkeypatch):
     resumed = prepare(cfg, RunDir(run_dir), lines.append).train
     assert any("3 complete shards kept" in line for line in lines)
     assert calls == [3, 4, 5, 6]  # shards 0-2 were complete and are not encoded again
+    # The speed logged counts the 4 shards' 340 pairs encoded now, not the 640 of the corpus.
+    said = next(line for line in lines if "pairs/s" in line)
+    assert "7 shards (3 kept from the interrupted preparation; 340 pairs encoded now)" in said
+    seconds = json.loads((directory / shards.INDEX).read_text())["seconds"]
+    assert f"({340 / seconds:.0f} pairs/s)" in said
     assert not any(p.name.startswith(".") for p in directory.iterdir())  # torn temporaries removed
     fresh_cfg = replace(cfg, run_dir=str(tmp_path / "fresh"))
     fresh = prepare(fresh_cfg, RunDir(fresh_cfg.run_dir), lambda m: None).train
