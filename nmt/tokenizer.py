@@ -12,7 +12,8 @@ import json
 import os
 import random
 import re
-from collections.abc import Iterable, Iterator
+import threading
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -310,6 +311,29 @@ def _write(path: Path, data: bytes) -> None:
         raise NMTError(f"{path}: cannot write the SentencePiece model ({e.strerror})") from None
 
 
+def _off_the_main_thread(work: Callable[..., object], **kwargs) -> None:
+    """``work(**kwargs)`` in a thread of its own while this one waits in short joins, its exception
+    raised here. SentencePiece's C++ training does not return to Python until it ends (a minute and
+    more on a 2M-sentence sample), and Python runs a signal's handler on the main thread only when
+    that thread runs Python: Ctrl-C or SIGTERM then waited for the whole training. Here the handler
+    runs within a tenth of a second and raises from the join; the training left behind is a daemon
+    thread, which ends with the process."""
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work(**kwargs)
+        except BaseException as e:  # handed to the waiting thread, raised there
+            failure.append(e)
+
+    thread = threading.Thread(target=run, name="sentencepiece-training", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)
+    if failure:
+        raise failure[0]
+
+
 def _train_model(
     cfg: TokenizerConfig, sentences: Iterable[str], model_path: Path, side: int | None, seed: int, record: dict | None
 ) -> None:
@@ -321,7 +345,8 @@ def _train_model(
     text = _TrainingText(sentences, cfg.input_sentence_size, seed)
     model = io.BytesIO()
     try:
-        spm.SentencePieceTrainer.train(
+        _off_the_main_thread(
+            spm.SentencePieceTrainer.train,
             sentence_iterator=iter(text),
             model_writer=model,
             model_type=cfg.type,

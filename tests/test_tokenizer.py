@@ -295,6 +295,32 @@ def test_an_interrupt_while_sentencepiece_reads_stays_an_interrupt(tmp_path, int
     assert not list(tmp_path.iterdir())
 
 
+def test_an_interrupt_while_sentencepiece_trains_stops_it_at_once(tmp_path, monkeypatch):
+    # Its C++ training does not return to Python until it ends, and Python runs a signal's handler on
+    # the main thread only: trained there, Ctrl-C or SIGTERM waited for the whole training.
+    import _thread
+    import threading
+
+    import nmt.tokenizer
+
+    training, release, on_main = threading.Event(), threading.Event(), []
+
+    def train(**options):  # stands for the C++ training: blocks until released
+        on_main.append(threading.current_thread() is threading.main_thread())
+        training.set()
+        release.wait(60)
+
+    monkeypatch.setattr(nmt.tokenizer.spm.SentencePieceTrainer, "train", train)
+    threading.Thread(target=lambda: training.wait(60) and _thread.interrupt_main(), daemon=True).start()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            train_or_load_tokenizers(_cfg(), SRC, TRG, *_joint(tmp_path))
+        assert on_main == [False] and not release.is_set()  # raised while the training still ran
+    finally:
+        release.set()
+    assert not list(tmp_path.iterdir())
+
+
 def _over_the_limit(line: str) -> str:
     """``line`` repeated until SentencePiece skips it as too long (it trains on none of it)."""
     return " ".join([line] * (MAX_SENTENCE_BYTES // len(line) + 1))
