@@ -347,6 +347,11 @@ def _binarized_train(
         else:
             log(f"train: reusing {len(corpus)} encoded pairs in {len(index['shards'])} shards from {directory}")
             return corpus
+    elif index is not None:
+        log(
+            f"train: the shards in {directory} were made from other data or settings (data.train's files, "
+            "data.max_len, max_len_ratio or shard_pairs, the tokenizer); encoding the training data again"
+        )
     workers = encoding_workers(d.workers, usable_cpus(), log)
     spec = ShardSpec(
         directory=str(directory),

@@ -119,6 +119,10 @@ def test_second_preparation_reuses_the_shards(tmp_path):
     lines.clear()
     prepare(replace(cfg, data=replace(cfg.data, max_len=20)), RunDir(cfg.run_dir), lines.append)
     assert not any("reusing" in line for line in lines)
+    assert (
+        f"train: the shards in {RunDir(cfg.run_dir).train_data_dir} were made from other data or settings"
+        in "\n".join(lines)
+    )
 
 
 @pytest.mark.parametrize("layout", ["data_files", "save_to_disk"])
