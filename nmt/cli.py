@@ -324,6 +324,10 @@ def out_of_memory_message(command: str, error: BaseException) -> str:
     return f"out of memory{size}" + (f": try {advice}" if advice else "")
 
 
+# What running a command again after an interruption does, where it is more than starting over.
+AFTER_INTERRUPT = {"prepare": "; run it again to go on: it keeps the shards it finished"}
+
+
 def _run(args: argparse.Namespace) -> int:
     from nmt.signals import sigterm_interrupts
 
@@ -344,7 +348,7 @@ def _run(args: argparse.Namespace) -> int:
         say(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}")
         return 2
     except KeyboardInterrupt as e:
-        say(f"nmt {args.command}: interrupted")
+        say(f"nmt {args.command}: interrupted" + AFTER_INTERRUPT.get(args.command, ""))
         return 128 + getattr(e, "signum", signal.SIGINT)
     except BrokenPipeError:
         return 0
