@@ -28,7 +28,7 @@ import torch
 import torch.distributed as dist
 
 from nmt.errors import NMTError, SharedError
-from nmt.signals import Interrupted, SignalPending, handlers_set, terminating_signals
+from nmt.signals import Interrupted, SignalPending, handlers_set, held_signals, terminating_signals
 
 T = TypeVar("T")
 
@@ -355,7 +355,10 @@ def agree(world: World, work: Callable[[], T], solo_work: bool = False) -> T:
     except (Exception, KeyboardInterrupt) as e:
         error = e
     outcomes: list[Outcome | None] = [None] * world.world_size
-    dist.all_gather_object(outcomes, None if error is None else _outcome(error), group=_group(solo_work))
+    # torchrun passes a signal to every rank: one waiting here, let out by it half-way through the
+    # exchange, left the rank that was working (and interrupted) to report a lost peer instead.
+    with held_signals():
+        dist.all_gather_object(outcomes, None if error is None else _outcome(error), group=_group(solo_work))
     failed = [(rank, o) for rank, o in enumerate(outcomes) if o is not None]
     if not failed:
         return result

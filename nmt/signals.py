@@ -105,3 +105,19 @@ def sigterm_interrupts() -> Iterator[None]:
     signals to the main thread anyway.)"""
     with handlers_set(terminating_signals(), _raise_terminated):
         yield
+
+
+@contextmanager
+def held_signals() -> Iterator[None]:
+    """While active, SIGINT and the terminating signals are only noted; once the block has ended well,
+    each goes to the handler that was in place (raising, say, ``Terminated``). A block that raises
+    ends with its own error, which the process ends on anyway."""
+    received: list[int] = []
+    with handlers_set((signal.SIGINT, *terminating_signals()), lambda signum, frame: received.append(signum)):
+        yield
+    for signum in received:
+        handler = signal.getsignal(signum)
+        if callable(handler):
+            handler(signum, None)
+        elif handler == signal.SIG_DFL:
+            os.kill(os.getpid(), signum)

@@ -1,0 +1,65 @@
+"""Signals to a torchrun job of two gloo ranks before training starts: what the console and train.log
+say, and which rank says it (README: an interruption is rank 0's to report)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from conftest import tiny_config
+
+from nmt import distributed, testhooks
+from nmt.distributed import World
+from nmt.signals import Terminated, sigterm_interrupts
+
+CHECKOUT = str(Path(__file__).parent.parent)  # this checkout's nmt, not an installed one
+
+
+def _wait_for(path: Path, seconds: float = 120) -> None:
+    deadline = time.monotonic() + seconds
+    while not path.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert path.exists(), f"{path} never appeared"
+
+
+def test_a_signal_while_rank_0_prepares_the_data_is_an_interruption(tmp_path):
+    # torchrun's SIGTERM (or Ctrl-C) while rank 0 encoded the corpus and rank 1 waited for it: rank 1
+    # left the wait at once, and rank 0 said 'rank 0: another rank stopped (see its message)', exit 1,
+    # where there was no other message: the job had been interrupted.
+    config = tiny_config(tmp_path)
+    held = tmp_path / "held"
+    env = {**os.environ, "PYTHONPATH": CHECKOUT, "OMP_NUM_THREADS": "1", testhooks.HOLD_SHARD: f"0:{held}"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "nmt"]
+    cmd += ["train", "--config", str(config), "--set", "train.threads=1"]
+    job = subprocess.Popen(cmd, env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        _wait_for(held)  # rank 0 encodes shard 0; rank 1 waits for it
+        job.send_signal(signal.SIGTERM)
+        err = job.communicate(timeout=120)[1]
+    finally:
+        job.kill()
+        job.wait()
+    ours = err.split("Traceback")[0]  # torchrun's own SignalException traceback follows
+    assert "another rank" not in ours and ours.count("nmt train: interrupted\n") == 1, ours[-3000:]
+    last = (tmp_path / "run" / "train.log").read_text().splitlines()[-1]
+    assert last.split(" ", 2)[2] == "interrupted", last
+
+
+def test_a_signal_during_the_ranks_exchange_is_acted_on_once_it_is_complete(monkeypatch):
+    exchanged = []
+
+    def all_gather_object(into, mine, group=None):  # torchrun's SIGTERM comes while the ranks exchange
+        os.kill(os.getpid(), signal.SIGTERM)
+        exchanged.append(mine)
+        into[:] = [mine, None]
+
+    monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
+    with sigterm_interrupts(), pytest.raises(Terminated):
+        distributed.agree(World(rank=0, world_size=2), lambda: "done")
+    assert exchanged == [None]  # this rank's outcome went out whole: the others learn how its step went
