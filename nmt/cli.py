@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import signal
 import sys
@@ -328,6 +329,17 @@ def out_of_memory_message(command: str, error: BaseException) -> str:
 AFTER_INTERRUPT = {"prepare": "; run it again to go on: it keeps the shards it finished"}
 
 
+def _another_rank_says_it(command: str) -> bool:
+    """Whether this is a torchrun rank of ``nmt train`` other than rank 0, which says that the job was
+    interrupted (torchrun passes a signal to every rank). Read from the environment, not with
+    ``nmt.distributed``: the signal may have come as torch was imported, which then cannot be again."""
+    try:
+        world_size, rank = int(os.environ.get("WORLD_SIZE") or 1), int(os.environ.get("RANK") or 0)
+    except ValueError:
+        return False
+    return command == "train" and world_size > 1 and rank > 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from nmt.signals import sigterm_interrupts
 
@@ -348,7 +360,8 @@ def _run(args: argparse.Namespace) -> int:
         say(f"nmt {args.command}: error: {out_of_memory_message(args.command, e)}")
         return 2
     except KeyboardInterrupt as e:
-        say(f"nmt {args.command}: interrupted" + AFTER_INTERRUPT.get(args.command, ""))
+        if not _another_rank_says_it(args.command):
+            say(f"nmt {args.command}: interrupted" + AFTER_INTERRUPT.get(args.command, ""))
         return 128 + getattr(e, "signum", signal.SIGINT)
     except BrokenPipeError:
         return 0

@@ -752,15 +752,17 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
-def test_a_rank_interrupted_while_importing_torch_says_so_in_one_line(tmp_path):
+@pytest.mark.parametrize("rank, said", [("0", "nmt train: interrupted\n"), ("1", "")])
+def test_a_rank_interrupted_while_importing_torch_says_so_in_one_line(tmp_path, rank, said):
     # torchrun's SIGTERM (a peer killed at start, or Ctrl-C) as a rank imports torch: after
     # 'interrupted', main imported nmt.distributed for the rank's exit, and with it torch again,
-    # which failed half-way in a traceback, exit status 1.
+    # which failed half-way in a traceback, exit status 1. Every rank has the signal, and each said
+    # 'interrupted' (eight lines from eight GPUs): rank 0 says it, as it does once the ranks have joined.
     config = tiny_config(tmp_path)
     script = tmp_path / "interrupted.py"
     script.write_text(_INTERRUPTED_IMPORTING_TORCH)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent.parent), "OMP_NUM_THREADS": "1"}
-    env.update(WORLD_SIZE="2", RANK="0", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
+    env.update(WORLD_SIZE="2", RANK=rank, LOCAL_RANK=rank, MASTER_ADDR="127.0.0.1", MASTER_PORT="29500")
     done = subprocess.run(
         [sys.executable, str(script), "train", "--config", str(config)],
         env=env,
@@ -768,7 +770,7 @@ def test_a_rank_interrupted_while_importing_torch_says_so_in_one_line(tmp_path):
         text=True,
         timeout=60,
     )
-    assert done.stderr == "nmt train: interrupted\n", done.stderr[-3000:]
+    assert done.stderr == said, done.stderr[-3000:]
     assert done.returncode == 128 + signal.SIGINT
 
 
