@@ -249,19 +249,21 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
             if p.batch_in_epoch >= len(plan):
                 p.epoch, p.batch_in_epoch, p.epoch_batches = p.epoch + 1, 0, 0
             p.elapsed_seconds = clock_base + time.perf_counter() - clock_start
+            # What every rank agreed on: one that comes during the validation is rank 0's to act on
+            # there; on the other ranks it waits for the next update's agreement.
+            stop = signals.received
             if trainer.world.enabled:  # one clock and one signal for all ranks, so they stop together
                 try:
                     p.elapsed_seconds, signum = distributed.all_reduce(
-                        [p.elapsed_seconds, float(signals.received or 0)], trainer.world, trainer.device, op="max"
+                        [p.elapsed_seconds, float(stop or 0)], trainer.world, trainer.device, op="max"
                     )
                 except Exception as e:  # the update is made: its line goes before its checkpoint
                     if stats is not None and distributed.peer_lost(e):
                         report.update(stats)
                     raise
-                signals.received = int(signum) or None
-            # What every rank agreed on: one that comes during the validation is rank 0's to act on
-            # there; on the other ranks it waits for the next update's agreement.
-            stop = signals.received
+                # One that came during the exchange, which the others may not have had yet, waits too.
+                stop = int(signum) or None
+                signals.received = stop or signals.received
             if stats is not None:
                 report.update(stats)
                 validating = validates_at(t, p.update)

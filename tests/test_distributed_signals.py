@@ -63,3 +63,41 @@ def test_a_signal_during_the_ranks_exchange_is_acted_on_once_it_is_complete(monk
     with sigterm_interrupts(), pytest.raises(Terminated):
         distributed.agree(World(rank=0, world_size=2), lambda: "done")
     assert exchanged == [None]  # this rank's outcome went out whole: the others learn how its step went
+
+
+_SIGNAL_AS_THE_RANKS_AGREE = """
+import os, signal, sys
+from nmt import distributed
+from nmt.cli import main
+
+exchange, exchanges = distributed.all_reduce, []
+
+
+def signalled(values, world, device, op="sum"):
+    if op == "max" and len(values) == 2:  # the loop's clock and signal, after each update
+        exchanges.append(values)
+        if len(exchanges) == 3:  # Ctrl-C, passed on by torchrun as this rank has sent its values
+            os.kill(os.getpid(), signal.SIGINT)
+    return exchange(values, world, device, op)
+
+
+distributed.all_reduce = signalled
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_while_the_ranks_agree_on_it_stops_them_at_the_next_update(tmp_path):
+    # The ranks took the signal they agreed on in place of the one each had recorded meanwhile: a
+    # Ctrl-C that came then was lost on every rank, and the job trained on until torchrun, 30 s
+    # later, killed the ranks with the updates since the last validation.
+    config = tiny_config(tmp_path, max_updates=8, validate_every=1000, warmup_updates=2)
+    script = tmp_path / "signalled.py"
+    script.write_text(_SIGNAL_AS_THE_RANKS_AGREE)
+    env = {**os.environ, "PYTHONPATH": CHECKOUT, "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script)]
+    cmd += ["train", "--config", str(config), "--set", "train.threads=1"]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert done.returncode != 0 and ours.count("nmt train: error:") == 1, ours[-3000:]
+    assert "nmt train: error: SIGINT received: checkpoint written at update 4; resume with" in ours, ours[-3000:]
+    assert "exitcode  : 130" in done.stderr
