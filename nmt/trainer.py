@@ -37,7 +37,7 @@ from nmt.device import (
 )
 from nmt.epoch_plan import EpochPlans, continue_epoch
 from nmt.errors import NMTError, drop_failed_work, error_line
-from nmt.files import atomic_write_bytes
+from nmt.files import atomic_write_bytes, storage_error
 from nmt.loss import teacher_forced_loss
 from nmt.metrics import MetricsLog
 from nmt.model_memory import check_training_fits
@@ -445,12 +445,12 @@ class Trainer:
             dev_loss, bleu, hyps = dev_scores(
                 self.model, self.translator, validating, data, self.precision, self.device, step
             )
+            self._write_dev_hyp(hyps)
         except Exception as e:  # the updates since the last checkpoint stay safe, whatever failed here
             drop_failed_work(e)
             self.save()
             self.log(f"validation at update {p.update} failed ({error_line(e)}); checkpoint written")
             raise
-        atomic_write_bytes(self.run.dev_hyp_path, ("\n".join(hyps) + "\n").encode("utf-8"))
         p.dev_data, p.validate_length_penalty = self._dev_digest(), penalty
         is_best = judge(p, bleu, dev_loss)
         record = valid_record(p, dev_loss, bleu, time.perf_counter() - start)
@@ -467,6 +467,17 @@ class Trainer:
         self.save()
         check_signal()  # one that came as the validation ended stops the run now, on every rank
         return record
+
+    def _write_dev_hyp(self, hyps: list[str]) -> None:
+        """dev.hyp, the validation's translations. A full disk stays the OSError the CLI words for it;
+        any other refusal (a directory of that name, no permission) is one line naming the file."""
+        path = self.run.dev_hyp_path
+        try:
+            atomic_write_bytes(path, ("\n".join(hyps) + "\n").encode("utf-8"))
+        except OSError as e:
+            if storage_error(e):
+                raise
+            raise NMTError(f"{path}: cannot write the validation's translations ({e.strerror or e})") from None
 
     def _validation_penalty(self) -> float:
         """The length penalty validation scores with (``validation_length_penalty``)."""

@@ -547,6 +547,20 @@ def test_a_validation_that_fails_keeps_the_updates_before_it(tmp_path, monkeypat
     )
 
 
+def test_a_dev_hyp_that_cannot_be_written_is_one_line_and_keeps_the_updates_before_it(tmp_path, capsys):
+    # A directory where dev.hyp goes: an IsADirectoryError traceback, and the updates since the last
+    # training state were lost with it.
+    config = tiny_config(tmp_path, max_updates=10, validate_every=7, warmup_updates=1)
+    (tmp_path / "run" / "dev.hyp").mkdir(parents=True)
+    assert main(["train", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert err.splitlines()[-1] == (
+        f"nmt train: error: {tmp_path / 'run' / 'dev.hyp'}: cannot write the validation's translations (Is a directory)"
+    )
+    assert final_weights(tmp_path / "run")[0] == 7
+    assert "validation at update 7 failed (" in (tmp_path / "run" / "train.log").read_text()
+
+
 def out_of_memory_at(monkeypatch, update: int, batch: int, action=None) -> None:
     """The ``batch``-th batch (from 1) of update ``update`` runs out of memory as torch's CPU allocator
     does (or as ``action(compute_loss)`` makes it)."""
