@@ -14,6 +14,7 @@ import re
 import types
 import typing
 from collections.abc import Callable
+from decimal import Decimal
 from typing import Any, Literal
 
 from nmt.errors import NMTError
@@ -26,7 +27,7 @@ Check = tuple[Callable[[Any], bool], str]  # predicate, and what it requires ("m
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 
 # PyYAML reads YAML 1.1, where 5e-4 (no dot) is a string. It is read as a number where a key takes
-# one, and only there: a string key keeps the text ("name: 1e3").
+# one, and only there (an integer key where it is whole: 1e4): a string key keeps the text ("name: 1e3").
 SCIENTIFIC = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+")
 
 
@@ -107,6 +108,8 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
             raise NMTError(f"config key '{key}': expected true or false, got {value!r}")
         return value
     if tp is int:
+        if isinstance(value, str) and SCIENTIFIC.fullmatch(value.strip()):
+            value = _whole_or_text(value)
         if not is_whole_number(value):
             raise NMTError(f"config key '{key}': expected an integer, got {value!r}")
         return value
@@ -121,6 +124,15 @@ def _scalar(value: Any, tp: Any, key: str) -> Any:
             raise NMTError(f"config key '{key}': expected a string, got {value!r}{quoting_hint(value)}")
         return value
     raise TypeError(f"unsupported config annotation {tp!r} for {key}")
+
+
+def _whole_or_text(text: str) -> int | str:
+    """The integer a number in scientific notation names (``1e4``: 10000), or the text where it is
+    not whole (``5e-4``). Read exactly, as a decimal: a float would round ``1.0000000001e10``."""
+    number = Decimal(text.strip())
+    if number.adjusted() > 100:  # far beyond every bound; int() of 1e999999 would take seconds
+        return text
+    return int(number) if number == number.to_integral_value() else text
 
 
 def quoting_hint(value: Any) -> str:

@@ -236,6 +236,19 @@ def test_scientific_notation_is_a_number_in_files_and_overrides(tmp_path, text, 
     assert from_file.train.weight_decay == config_from_dict(values).train.weight_decay == pytest.approx(expected)
 
 
+def test_scientific_notation_is_an_integer_where_a_key_takes_one_and_it_is_whole(tmp_path):
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: 1e4, max_tokens: '2.5E3'}\n")
+    cfg = load_config(path, ["train.validate_every=1e3"])
+    assert (cfg.train.max_updates, cfg.train.max_tokens, cfg.train.validate_every) == (10000, 2500, 1000)
+    assert isinstance(cfg.train.max_updates, int)
+    with pytest.raises(NMTError, match=r"config key 'train.max_updates': expected an integer, got '1.5e0'$"):
+        load_config(path, ["train.max_updates=1.5e0"])
+    with pytest.raises(NMTError, match=r"config key 'train.max_tokens': expected an integer, got '5e-4'$"):
+        load_config(path, ["train.max_tokens=5e-4"])
+    with pytest.raises(NMTError, match=r"config key 'train.max_tokens': 1000000000000 must be at most"):
+        load_config(path, ["train.max_tokens=1e12"])
+
+
 def test_strings_that_only_resemble_numbers_stay_strings(tmp_path):
     cfg = load_config(write(tmp_path, "name: e5\ndata: {train: 1e5x, dev: b, src_lang: e1}\ntrain: {max_minutes: 5}\n"))
     assert cfg.name == "e5" and cfg.data.src_lang == "e1" and cfg.data.train.path.endswith("1e5x")
