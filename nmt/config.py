@@ -8,7 +8,6 @@ known one. Code below the CLI receives these objects, never raw dicts.
 from __future__ import annotations
 
 import dataclasses
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -18,7 +17,7 @@ import yaml
 from nmt.config_checks import check_consistency, check_corpus_formats, check_training
 from nmt.config_sources import apply_overrides, error_cause, read_yaml
 from nmt.corpus import anchor_corpus
-from nmt.corpus_spec import CorpusConfig
+from nmt.corpus_spec import CorpusConfig, absolute_path
 from nmt.errors import NMTError
 from nmt.models import MODEL_CONFIGS, ModelConfig, TransformerConfig
 from nmt.schema import Schema, quoting_hint
@@ -279,10 +278,8 @@ def anchor_paths(cfg: Config, base: Path, command_line: set[str] = frozenset()) 
         except NMTError as e:  # the key says whether the path came from the file or a --set
             raise NMTError(f"config key 'data.{split}': {e}") from None
     data = dataclasses.replace(d, **anchored)
-    run_dir = Path(cfg.run_dir).expanduser()
-    if not run_dir.is_absolute():
-        run_dir = base_for("run_dir") / run_dir
-    return dataclasses.replace(cfg, run_dir=str(Path(os.path.normpath(run_dir.absolute()))), data=data)
+    run_dir = absolute_path(base_for("run_dir"), Path(cfg.run_dir).expanduser())
+    return dataclasses.replace(cfg, run_dir=run_dir, data=data)
 
 
 def config_from_dict(

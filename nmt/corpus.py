@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.corpus_spec import Chunk, CorpusConfig, lone_data_file, looks_like_path
+from nmt.corpus_spec import Chunk, CorpusConfig, absolute_path, lone_data_file, looks_like_path
 from nmt.errors import NMTError
 from nmt.hf_corpus import iter_hf
 
@@ -244,7 +244,7 @@ def anchor_corpus(spec: CorpusConfig, base: Path, src_lang: str, trg_lang: str) 
         is_local = local.exists() or named_files or looks_like_path(path, base)
     else:
         is_local = True
-    return replace(spec, path=os.path.normpath(local.absolute())) if is_local else spec
+    return replace(spec, path=absolute_path(base, path)) if is_local else spec
 
 
 def local_corpus_gone(spec: CorpusConfig, src_lang: str, trg_lang: str) -> bool:

@@ -52,6 +52,20 @@ def looks_like_path(path: str, base: Path = Path(".")) -> bool:
     return bool(parent) and (base / parent).is_dir()
 
 
+def absolute_path(base: Path, path: str | Path) -> str:
+    """``path`` made absolute against ``base``, without '.' and '..', each '..' taken in the file
+    system as opening the path takes it: after a symlinked directory it leads to the parent of the
+    link's target, where os.path.normpath would drop the link's own name and name another place."""
+    joined = Path(base, path).absolute()
+    result = Path(joined.anchor)
+    for part in joined.parts[1:]:
+        if part == "..":
+            result = result.resolve().parent  # a '..' of a path that does not exist yet is lexical
+        elif part != ".":
+            result = result / part
+    return str(result)
+
+
 def lone_data_file(path: str) -> NMTError:
     # A .parquet or .jsonl file was read as a missing prefix ("no such corpus: x.parquet.de").
     return NMTError(

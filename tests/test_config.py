@@ -61,6 +61,27 @@ def test_relative_paths_follow_the_config_file_and_set_follows_the_working_direc
     assert cfg.data.train.path == str(tmp_path / "exp" / "d" / "train")
 
 
+def test_dot_dot_in_a_path_is_taken_in_the_file_system_after_a_symlinked_directory(tmp_path, monkeypatch):
+    # project/configs/c.yaml reached through a link to project/configs: its '..' is project, as for
+    # the shell's ls and every open(); a lexical one would name the link's parent
+    project = tmp_path / "project"
+    (project / "configs").mkdir(parents=True)
+    (project / "configs" / "c.yaml").write_text(
+        "run_dir: ../runs/a\ndata: {train: ../data/train, dev: ../data/dev}\ntrain: {max_minutes: 5}\n"
+    )
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "configs").symlink_to(project / "configs")
+    link = tmp_path / "elsewhere" / "configs" / "c.yaml"
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    data = (str(project / "data" / "train"), str(project / "data" / "dev"))
+    for cfg in (load_config(link), load_config("configs/../configs/c.yaml")):
+        assert cfg.run_dir == str(project / "runs" / "a") and (cfg.data.train.path, cfg.data.dev.path) == data
+    cfg = load_config(link, ["data.dev=configs/../d/dev", "run_dir=configs/../r"])  # so is a --set's
+    assert (cfg.data.dev.path, cfg.run_dir) == (str(project / "d" / "dev"), str(project / "r"))
+    through_real_dirs = tmp_path / "elsewhere" / ".." / "project" / "configs" / "c.yaml"
+    assert load_config(through_real_dirs).run_dir == str(project / "runs" / "a")
+
+
 def test_corpus_shorthand_and_float_parsing(tmp_path):
     cfg = load_config(
         write(
