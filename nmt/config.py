@@ -370,4 +370,4 @@ def config_yaml(cfg: Config, run_dir: str | None = None, header: str = "") -> st
     values = config_to_dict(cfg)
     if run_dir is not None:
         values["run_dir"] = run_dir
-    return header + yaml.safe_dump(values, sort_keys=False)
+    return header + yaml.safe_dump(values, sort_keys=False, allow_unicode=True)  # a path as written, not \xFC

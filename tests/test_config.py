@@ -82,6 +82,18 @@ def test_dot_dot_in_a_path_is_taken_in_the_file_system_after_a_symlinked_directo
     assert load_config(through_real_dirs).run_dir == str(project / "runs" / "a")
 
 
+def test_a_saved_config_writes_non_ascii_paths_and_names_as_they_are(tmp_path):
+    # a run's config.yaml is read and edited by hand: "data/\\xFCbersetzung" is the path a user cannot find
+    (tmp_path / "daten ü").mkdir()
+    path = write(tmp_path, "name: Übersetzung 日本\ndata: {train: 'daten ü/train', dev: b}\ntrain: {max_minutes: 5}\n")
+    cfg = load_config(path)
+    text = config_yaml(cfg)
+    assert "name: Übersetzung 日本" in text and f"path: {tmp_path}/daten ü/train" in text
+    saved = tmp_path / "saved.yaml"
+    saved.write_text(text, encoding="utf-8")
+    assert load_config(saved) == cfg
+
+
 def test_corpus_shorthand_and_float_parsing(tmp_path):
     cfg = load_config(
         write(
