@@ -178,6 +178,10 @@ def read_yaml(path: str | Path) -> dict:
     return _unshared(values)
 
 
+# A '#' at the start or after a space begins a YAML comment, in a --set's value too.
+_COMMENT = re.compile(r"(^|\s)#")
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``train.max_updates=500`` -> (["train", "max_updates"], 500). Values are parsed as YAML; a
     number in scientific notation, a string in YAML 1.1, is read by the key's type (nmt.schema)."""
@@ -190,6 +194,8 @@ def parse_override(text: str) -> tuple[list[str], Any]:
         value = _load_unique_keys(f"--set {text}", raw, ".".join(path)) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if _COMMENT.search(raw) and "#" not in str(value):  # a shell argument holds no comment: the '#' was meant
+        raise NMTError(f"--set {text}: ' #' starts a YAML comment, which left {value!r}: quote the value")
     return path, value
 
 

@@ -446,6 +446,18 @@ def test_a_recursive_yaml_anchor_is_a_one_line_error(tmp_path):
         load_config(path)
 
 
+def test_a_set_value_cut_by_a_yaml_comment_is_an_error(tmp_path):
+    # the shell passes "data.train=/data/run #2/train" whole; YAML read ' #2/train' as a comment
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\n")
+    cut = r"^--set data.train=/data/run #2/train: ' #' starts a YAML comment, which left '/data/run': quote the value"
+    with pytest.raises(NMTError, match=cut):
+        load_config(path, ["data.train=/data/run #2/train"])
+    with pytest.raises(NMTError, match=r"^--set train.max_updates=5 # five: ' #' starts a YAML comment, which left 5"):
+        load_config(path, ["train.max_updates=5 # five"])
+    cfg = load_config(path, ["data.train='/data/run #2/train'", "name=run#2", "data.dev={path: 'b #1'}"])
+    assert (cfg.data.train.path, cfg.name, Path(cfg.data.dev.path).name) == ("/data/run #2/train", "run#2", "b #1")
+
+
 def test_repeated_set_overrides_keep_the_last():
     values = copy.deepcopy(MINIMAL)
     apply_overrides(values, ["train.max_updates=3", "train.max_updates=5"])
