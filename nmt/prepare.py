@@ -20,6 +20,7 @@ import numpy as np
 from nmt.binarize import ShardSpec, binarize, id_dtype, remove_shards
 from nmt.config import Config, CorpusConfig
 from nmt.corpus import (
+    check_corpus_exists,
     clean_pairs,
     describe_drops,
     is_hub_dataset,
@@ -386,6 +387,9 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None], made_by_rank_0
             n_train=cfg.data.synthetic_train_pairs,
             seed=cfg.data.synthetic_seed,
         )
+    d = cfg.data
+    for split in ("dev",) if made_by_rank_0 else ("train", "dev"):  # rank 0 read the training corpus
+        check_corpus_exists(getattr(d, split), d.src_lang, d.trg_lang, f"data.{split}")
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
     cfg = _pinned_to_commit(cfg, run, log, keep_the_runs=made_by_rank_0 or run.has_checkpoints())
     src_tok, trg_tok = _tokenizers(cfg, run, log)

@@ -243,6 +243,19 @@ def test_auto_plain_files_beside_a_directory_of_the_prefix_are_ambiguous(tmp_pat
     assert main(["train", "--config", str(config), *plain]) == 0
 
 
+@pytest.mark.parametrize("split", ["train", "dev"])
+def test_a_missing_corpus_names_its_config_key(tmp_path, capsys, split):
+    # The error named the files alone, and a config names three corpora.
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path)
+    missing = tmp_path / "nowhere" / "corpus"
+    assert main(["prepare", "--config", str(config), "--set", f"data.{split}={missing}"]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"nmt prepare: error: config key 'data.{split}': no such corpus: {missing}.de / {missing}.en"
+    )
+
+
 def test_auto_missing_path_like_prefix(tmp_path):
     prefix = str(tmp_path / "nothing")
     with pytest.raises(NMTError) as err:
