@@ -10,6 +10,7 @@ x, output pieces down y). The Transformer records cross-attention per decoder la
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -103,15 +104,38 @@ def record(index: int, source: str, translation: str, src: list[str], trg: list[
     }
 
 
+# A side's inches per labelled piece, and the most inches a side gets: a line of 561 source and 845
+# output pieces (an RNN has no max_positions to stop it) made a 254 x 297-inch figure whose PNG
+# took 24 GB and was killed; at 40 inches (4,400 pixels at 110 dpi) a PNG needs about 80 MB.
+SOURCE_PIECE_INCHES, OUTPUT_PIECE_INCHES = 0.45, 0.35
+MAX_SIDE_INCHES = 40.0
+
+
+@dataclass(frozen=True)
+class Axis:
+    """One side of a heatmap: its length in inches and every ``step``-th piece labelled."""
+
+    inches: float
+    step: int
+
+
+def axis_layout(pieces: int, inches_per_piece: float, margin: float, least: float) -> Axis:
+    """Room for every piece's label up to MAX_SIDE_INCHES; past it, every step-th label, the cells narrower."""
+    step = max(1, math.ceil(pieces * inches_per_piece / (MAX_SIDE_INCHES - margin)))
+    return Axis(min(MAX_SIDE_INCHES, max(least, inches_per_piece * pieces + margin)), step)
+
+
 def heatmap(rec: dict, title: str):
     """A matplotlib Figure of one record's chosen weights."""
     Figure = figure_class()
     src, trg, weights = rec["source_pieces"], rec["target_pieces"], rec["weights"]
-    fig = Figure(figsize=(max(4.0, 0.45 * len(src) + 2), max(3.0, 0.35 * len(trg) + 1.5)))
+    x = axis_layout(len(src), SOURCE_PIECE_INCHES, margin=2.0, least=4.0)
+    y = axis_layout(len(trg), OUTPUT_PIECE_INCHES, margin=1.5, least=3.0)
+    fig = Figure(figsize=(x.inches, y.inches))
     ax = fig.add_subplot()
     image = ax.imshow(weights, cmap="Greys", vmin=0.0, vmax=1.0, aspect="auto")
-    ax.set_xticks(range(len(src)), src, rotation=60, ha="right", fontsize=9)
-    ax.set_yticks(range(len(trg)), trg, fontsize=9)
+    ax.set_xticks(range(0, len(src), x.step), src[:: x.step], rotation=60, ha="right", fontsize=9)
+    ax.set_yticks(range(0, len(trg), y.step), trg[:: y.step], fontsize=9)
     ax.set_xlabel("source pieces")
     ax.set_ylabel("output pieces")
     ax.set_title(title, fontsize=9)

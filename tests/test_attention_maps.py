@@ -130,3 +130,25 @@ def test_translate_writes_maps_and_json(tmp_path, capsys):
         == 2
     )
     assert "inside the run directory" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("source_pieces, output_pieces", [(5, 4), (561, 845)])
+def test_heatmap_of_a_long_line_stays_small_and_labels_what_fits(source_pieces, output_pieces):
+    pytest.importorskip("matplotlib")
+    from nmt.attention_maps import heatmap
+
+    # An RNN has no max_positions: a 561-piece line translated into 845 pieces made a 254 x 297-inch figure.
+    src = [f"s{i}" for i in range(source_pieces)]
+    trg = [f"t{i}" for i in range(output_pieces)]
+    rec = {"source_pieces": src, "target_pieces": trg, "weights": torch.rand(output_pieces, source_pieces).tolist()}
+    fig = heatmap(rec, "long line")
+    width, height = fig.get_size_inches()
+    assert width <= 40 and height <= 40  # at 110 dpi a PNG of at most 4,400 x 4,400 pixels
+    ax = fig.axes[0]
+    x_labels = [t.get_text() for t in ax.get_xticklabels()]
+    y_labels = [t.get_text() for t in ax.get_yticklabels()]
+    assert x_labels[0] == "s0" and y_labels[0] == "t0"
+    if source_pieces < 10:  # short lines keep a label per piece
+        assert x_labels == src and y_labels == trg
+    else:  # at most one label per 0.3 inch: readable, and bounded
+        assert len(x_labels) <= width / 0.3 and len(y_labels) <= height / 0.3
