@@ -16,6 +16,7 @@ from nmt.config_checks import check_case_folding_scoring
 from nmt.config_sources import apply_overrides, read_yaml
 from nmt.corpus import local_corpus_gone
 from nmt.errors import NMTError
+from nmt.models import same_model_value
 from nmt.synthetic import META_FILE, corpus_directory
 
 CONFIG_HEADER = "# The resolved config of this run, written by 'nmt train' (every default filled in).\n"
@@ -51,8 +52,9 @@ def config_differences(old: Config, new: Config, sections: tuple[str, ...], data
     diffs = []
     for section in sections:
         for key in sorted(set(a[section]) | set(b[section])):
-            if a[section].get(key) != b[section].get(key):
-                diffs.append(f"{section}.{key}: {a[section].get(key)!r} -> {b[section].get(key)!r}")
+            was, is_ = a[section].get(key), b[section].get(key)
+            if not (same_model_value(key, was, is_) if section == "model" else was == is_):
+                diffs.append(f"{section}.{key}: {was!r} -> {is_!r}")
     for key in data_keys:
         if a["data"][key] != b["data"][key]:
             diffs.append(f"data.{key}: {a['data'][key]!r} -> {b['data'][key]!r}")

@@ -36,6 +36,7 @@ from nmt.corpus import plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
 from nmt.metrics import METRICS_FILE, validations_trained_on
+from nmt.models import same_model_value
 from nmt.run_config import (
     CONFIG_HEADER,
     check_new_run_scoring,
@@ -315,7 +316,7 @@ class RunDir:
             now = self.fingerprint(cfg)
             for key in sorted(set(recorded["model"]) | set(now["model"])):
                 was, is_ = recorded["model"].get(key), now["model"].get(key)
-                if was != is_:
+                if not same_model_value(key, was, is_):
                     raise NMTError(f"{where}: model.{key} is {was!r} in the checkpoint, {is_!r} in {CONFIG}")
             for name, digest in recorded["tokenizer"].items():
                 if now["tokenizer"].get(name) != digest:

@@ -1094,3 +1094,14 @@ def test_translate_and_average_read_only_the_model_of_a_damaged_training_state(
     capsys.readouterr()
     assert main(["average", "--model", str(run), "--last", "2"]) == 0
     assert "average of updates 3, 6: dev BLEU" in capsys.readouterr().err
+
+
+def test_an_attention_synonym_resumes_and_another_kind_is_refused(tmp_path, capsys):
+    # 'bilinear' builds the module 'general' does, with the same parameters: the checkpoint fits.
+    config = tiny_config(tmp_path, "rnn", max_updates=5, validate_every=5, warmup_updates=2)
+    assert main(["train", "--config", str(config), "--set", "model.attention=general"]) == 0
+    longer = ["--set", "train.max_updates=6"]
+    assert main(["train", "--config", str(config), "--set", "model.attention=bilinear", *longer]) == 0
+    assert "resuming at update 5" in capsys.readouterr().err
+    assert main(["train", "--config", str(config), "--set", "model.attention=mlp", *longer]) == 2
+    assert "cannot resume" in capsys.readouterr().err

@@ -106,8 +106,18 @@ class AdditiveAttention(Attention):
         return self.v(hidden).squeeze(-1)  # (B, T, S)
 
 
+# Other names of a score in the literature: each builds the module (parameters named alike) of the one it maps to.
+SYNONYMS = {"bilinear": "general", "additive": "mlp"}
+
+
+def attention_kind(name: str) -> str:
+    """The scoring function ``name`` builds: 'bilinear' is 'general', 'additive' is 'mlp'."""
+    return SYNONYMS.get(name, name)
+
+
 def make_attention(kind: str, query_size: int, key_size: int, hidden_size: int) -> Attention:
     """Build the scoring function named ``kind`` (dot, general/bilinear, mlp/additive)."""
+    name, kind = kind, attention_kind(kind)
     if kind == "dot":
         if query_size != key_size:
             raise ValueError(
@@ -115,8 +125,8 @@ def make_attention(kind: str, query_size: int, key_size: int, hidden_size: int) 
                 "(a bidirectional encoder doubles the key size: use 'general' or 'mlp' attention)"
             )
         return DotAttention()
-    if kind in ("general", "bilinear"):
+    if kind == "general":
         return BilinearAttention(query_size, key_size)
-    if kind in ("mlp", "additive"):
+    if kind == "mlp":
         return AdditiveAttention(query_size, key_size, hidden_size)
-    raise ValueError(f"unknown attention kind {kind!r}: expected dot, general, bilinear, mlp or additive")
+    raise ValueError(f"unknown attention kind {name!r}: expected dot, general, bilinear, mlp or additive")
