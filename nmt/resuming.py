@@ -28,10 +28,18 @@ def processes(world: World) -> str:
 def world_size_change(saved: Progress, world: int, accumulate: int) -> str | None:
     """The line a resume on another number of processes than ``saved`` was trained on logs: an
     update takes train.accumulate x processes batches, so its size changes unless accumulate
-    makes up for it. None where the number is the same, or not known (an earlier version's)."""
-    if saved.world_size in (0, world) or saved.update_batches <= 0:
+    makes up for it. On the same number, the line another train.accumulate gives (the update's size
+    changes as asked, said so that train.log shows where). None where nothing changed, or it is not
+    known (an earlier version's)."""
+    if saved.world_size == 0 or saved.update_batches <= 0:
         return None
     batches, before = accumulate * world, saved.update_batches
+    if saved.world_size == world:
+        if batches == before:
+            return None
+        return (
+            f"resuming with train.accumulate {accumulate}: an update now takes {_count(batches, 'batch')}, not {before}"
+        )
     change = f"resuming on {_count(world, 'process')}, not {saved.world_size}"
     if batches == before:
         return f"{change}: an update still takes {_count(batches, 'batch')} (train.accumulate {accumulate} x {world})"

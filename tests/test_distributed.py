@@ -499,6 +499,8 @@ def test_a_resume_on_another_number_of_processes_says_what_keeps_the_update_s_si
     )
     assert change(2, 6, 4, 1).endswith("not 6; no train.accumulate keeps it")
     assert change(2, 2, 2, 1) is None  # the same number
+    assert change(2, 2, 2, 3) == "resuming with train.accumulate 3: an update now takes 6 batches, not 2"
+    assert change(1, 4, 1, 1) == "resuming with train.accumulate 1: an update now takes 1 batch, not 4"
     assert change(0, 0, 2, 1) is None  # a checkpoint of an earlier version: not known
 
 

@@ -1105,3 +1105,13 @@ def test_an_attention_synonym_resumes_and_another_kind_is_refused(tmp_path, caps
     assert "resuming at update 5" in capsys.readouterr().err
     assert main(["train", "--config", str(config), "--set", "model.attention=mlp", *longer]) == 2
     assert "cannot resume" in capsys.readouterr().err
+
+
+def test_a_resume_with_another_accumulate_says_what_an_update_now_takes(tmp_path, capsys):
+    # It was accepted without a word: the update's size changed and train.log did not show where.
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
+    assert main(["train", "--config", str(config)]) == 0
+    capsys.readouterr()
+    assert main(["train", "--config", str(config), "--set", "train.max_updates=3", "--set", "train.accumulate=2"]) == 0
+    line = "resuming with train.accumulate 2: an update now takes 2 batches, not 1"
+    assert line in capsys.readouterr().err and line in (tmp_path / "run" / "train.log").read_text()
