@@ -154,8 +154,7 @@ def config_as_validated(run: RunDir, cfg: Config, state_path: Path) -> Config:
     from nmt import validation
     from nmt.training_state import Progress
 
-    saved = checkpoint_file.load(state_path).get("progress")
-    saved = saved if isinstance(saved, dict) else {}
+    saved = checkpoint_file.mapped_entry(state_path, "progress") or {}  # a glance: averaging loads it
     validated = saved.get("last_validated", -1)  # a damaged state is refused later, when averaged
     recorded = Progress(
         last_validated=validated if is_whole_number(validated) else -1,
