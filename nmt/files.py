@@ -223,18 +223,14 @@ def check_outside_runs(out_dir: Path, run_dirs: Iterable[Path], option: str) -> 
             raise NMTError(f"{option} {out_dir}: is inside the run directory {run_dir}; write elsewhere")
 
 
-def check_distinct_runs(run_dirs: Iterable[Path]) -> None:
+def check_distinct_runs(run_dirs: list[Path]) -> None:
     """Refuse a run directory named twice, however spelled (``runs/a``, ``./runs/a``, ``runs/b/../a``,
     a link to it): its row or curves would be there twice. The directories exist (checked first)."""
-    seen: dict[tuple[int, int], Path] = {}
-    for run_dir in run_dirs:
-        info = os.stat(run_dir)
-        key = (info.st_dev, info.st_ino)  # one directory, whatever path leads to it
-        first = seen.get(key)
+    for i, run_dir in enumerate(run_dirs):
+        first = next((earlier for earlier in run_dirs[:i] if _same_file(earlier, run_dir)), None)
         if first is not None:
             same = "" if str(first) == str(run_dir) else f" (the same directory as {first})"
             raise NMTError(f"{run_dir}: the run is named twice{same}; give each run once")
-        seen[key] = run_dir
 
 
 class LineWriter:
