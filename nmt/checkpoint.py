@@ -78,10 +78,13 @@ def read_index(path: Path) -> dict:
     validation, no training state). One that cannot be read, does not parse or is not of the shape
     written here (truncated, edited by hand, another program's) is an error naming it: read as
     none, it sent translate's ``auto`` to another model, and training deleted the best checkpoints
-    it no longer named at the next new best."""
+    it no longer named at the next new best. So is one missing beside best checkpoints (deleted,
+    left out of a copy of the run), for the same reasons."""
     try:
         text = path.read_text()
     except FileNotFoundError:
+        if list_checkpoints(path.parent, "best"):
+            raise NMTError(_missing_index(path)) from None
         return {"best": []}
     except (OSError, UnicodeDecodeError) as e:
         raise NMTError(_corrupt_index(path, f"cannot be read: {getattr(e, 'strerror', None) or e}")) from None
@@ -99,7 +102,15 @@ def _corrupt_index(path: Path, why: str) -> str:
     return (
         f"{path}: {why}; it ranks the run's best checkpoints by their dev scores, which no other file holds: "
         "restore it from a copy of the run (translate and eval-bleu still take --checkpoint last or a file "
-        "name there; deleting it forgets the ranking, and training then replaces the run's best_*.pt)"
+        f"name there; to give the ranking up, move it and the best_*.pt out of {path.parent})"
+    )
+
+
+def _missing_index(path: Path) -> str:
+    return (
+        f"{path}: missing beside the run's best checkpoints (best_*.pt), which it ranks by their dev scores "
+        "and no other file holds: restore it from a copy of the run (translate and eval-bleu still take "
+        f"--checkpoint last or a file name there; to give the ranking up, move the best_*.pt out of {path.parent})"
     )
 
 

@@ -550,6 +550,36 @@ def test_an_index_cut_short_is_one_line_naming_it_before_any_work(trained, tmp_p
     assert cli("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
 
 
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["translate", "--checkpoint", "auto", "--input", "{source}"],
+        ["eval-bleu", "--src", "{source}", "--ref", "{source}"],
+        ["average", "--last", "2"],
+        ["train", "--set", "train.max_updates=120"],
+    ],
+)
+def test_a_missing_index_beside_best_checkpoints_is_one_line_naming_it(trained, tmp_path, cli, argv):
+    # read as 'not validated yet': auto took the newest best_*.pt unranked, and a resumed training
+    # deleted them all at its next new best
+    run = copy_run(trained, tmp_path)
+    index = run / "checkpoints" / "index.json"
+    index.unlink()
+    source = tmp_path / "src.txt"
+    source.write_text(PAIRS[0][0] + "\n")
+    before = snapshot(run)
+    command, *options = [a.format(source=source) for a in argv]
+    where = ["--config", run / "config.yaml"] if command == "train" else ["--model", run]
+    one_line_error(
+        cli(command, *where, *options),
+        f"{index}: missing beside the run's best checkpoints (best_*.pt)",
+        "restore it from a copy of the run",
+        f"move the best_*.pt out of {run / 'checkpoints'}",
+    )
+    assert snapshot(run) == before
+    assert cli("translate", "--model", run, "--checkpoint", "last", "--input", source).returncode == 0
+
+
 def test_random_bytes_for_a_checkpoint_are_called_damaged(trained, tmp_path, cli):
     run = copy_run(trained, tmp_path)
     [best] = (run / "checkpoints").glob("best_*.pt")
