@@ -47,7 +47,8 @@ class Schema:
     def build(self, cls: type, values: dict, prefix: str) -> Any:
         """``cls(**values)`` with every value checked and converted; ``prefix`` names the section."""
         hints = typing.get_type_hints(cls)
-        known = [f.name for f in dataclasses.fields(cls)]
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        known = list(fields)
         kwargs = {}
         for raw_key, value in values.items():
             key = f"{prefix}.{raw_key}" if prefix else str(raw_key)
@@ -55,6 +56,8 @@ class Schema:
                 close = difflib.get_close_matches(str(raw_key), known, n=1, cutoff=0.6)
                 hint = f" (did you mean '{prefix + '.' if prefix else ''}{close[0]}'?)" if close else ""
                 raise NMTError(f"unknown config key '{key}'{hint}")
+            if value is None and _is_section(fields[raw_key]):
+                value = {}  # its keys all commented out: YAML reads 'decode:' alone as null
             converted = self.convert(value, hints[raw_key], key)
             check = self.ranges.get(key)
             if check is not None and converted is not None and not check[0](converted):
@@ -100,6 +103,12 @@ class Schema:
             except NMTError:
                 pass
         raise NMTError(f"config key '{key}': expected {type_name(tp)}, got {value!r}")
+
+
+def _is_section(f: dataclasses.Field) -> bool:
+    """Whether a field holds a mapping of keys of its own whose defaults it starts from (``decode``,
+    ``data.train``): not one whose default is none (``data.test``), where null says 'none'."""
+    return dataclasses.is_dataclass(f.default_factory)
 
 
 def _scalar(value: Any, tp: Any, key: str) -> Any:

@@ -752,3 +752,27 @@ def test_an_error_the_file_has_itself_names_the_file_whatever_is_set(tmp_path):
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\nmodel: {d_model: 90, heads: 4}\n")
     with pytest.raises(NMTError, match=rf"^{re.escape(str(path))}: config key 'model.heads': d_model 90 is not"):
         load_config(path, ["train.lr_peak=0.01"])
+
+
+def test_a_section_with_all_its_keys_commented_out_takes_its_defaults(tmp_path):
+    # 'decode:' alone on a line is YAML's null: it was "expected a mapping, got None"
+    given = "data:\n  train: d/train\n  dev: d/dev\n  test:\ntrain: {max_updates: 10, warmup_updates: 2}\n"
+    commented = "tokenizer:\n#  vocab_size: 8000\nmodel:\n#  type: rnn\ndecode:\n#  beam_size: 8\n"
+    cfg = load_config(write(tmp_path, given + commented))
+    assert cfg == load_config(write(tmp_path, given))
+    assert cfg.model == TransformerConfig() and cfg.data.test is None  # a corpus left empty is none, as before
+    # a --set fills a null section; a null data section or corpus is refused as one not written is
+    cfg = load_config(write(tmp_path, given + "decode:\n"), ["decode.beam_size=3"])
+    assert cfg.decode.beam_size == 3
+    for text in ("data:\n", "data:\n  train:\n  dev: d/dev\n"):
+        with pytest.raises(NMTError, match="c.yaml: config key 'data.train': no training corpus given$"):
+            load_config(write(tmp_path, text))
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "5", "beam"])
+def test_a_section_that_is_no_mapping_is_a_one_line_error_naming_it(tmp_path, capsys, value):
+    for section in ("decode", "model", "data"):
+        path = write(tmp_path, f"{section}: {value}\n")
+        assert main(["train", "--config", str(path)]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"{path}: config key '{section}': expected a " in err, err
