@@ -1,4 +1,4 @@
-"""Argparse types for counts and numbers, shared by the ``nmt`` command and scripts/.
+"""Argparse types for counts, numbers and paths, shared by the ``nmt`` command and scripts/.
 
 A plain ``type=int`` or ``type=float`` took ``--updates 0``, ``--parallel -1`` or ``nan`` and
 ended in a division by zero, a loop that never ends or a traceback; these refuse such a value as
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 
 
@@ -57,3 +58,9 @@ def positive_float(text: str) -> float:
     if value <= 0:
         raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
     return value
+
+
+def user_path(text: str) -> str:
+    """A file or directory path, a leading ``~`` or ``~user`` expanded: the shell does that only where
+    the path starts a word (``--model ~/runs/x``), not in ``--model=~/runs/x``."""
+    return os.path.expanduser(text)

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from nmt import commands
-from nmt.arg_types import int_at_least, non_negative_float, non_negative_int, positive_int
+from nmt.arg_types import int_at_least, non_negative_float, non_negative_int, positive_int, user_path
 from nmt.console import say
 from nmt.errors import NMTError
 from nmt.files import storage_error, write_error_message
@@ -74,7 +74,7 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_config_options(p: argparse.ArgumentParser, config_help: str = "YAML config file (see configs/)") -> None:
-    p.add_argument("--config", required=True, help=config_help)
+    p.add_argument("--config", type=user_path, required=True, help=config_help)
     p.add_argument(
         "--set",
         action="append",
@@ -108,7 +108,9 @@ def _train_parsers(sub) -> None:
         description="Average the model weights of the run's last N training-state checkpoints, score the "
         "average on the dev set and keep it as checkpoints/average_last_N.pt.",
     )
-    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    p.add_argument(
+        "--model", type=user_path, required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'"
+    )
     p.add_argument(
         "--last", type=_checkpoint_count, required=True, help="how many of the latest checkpoints (at least 2)"
     )
@@ -123,9 +125,11 @@ def _translate_parsers(sub) -> None:
         description="Translate lines of text (stdin by default) with a run's averaged model where its dev BLEU "
         "beats the best checkpoint's, else the best checkpoint (--checkpoint chooses another).",
     )
-    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
-    p.add_argument("--input", "-i", help="input file, one sentence per line (default: stdin)")
-    p.add_argument("--output", "-o", help="output file (default: stdout)")
+    p.add_argument(
+        "--model", type=user_path, required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'"
+    )
+    p.add_argument("--input", "-i", type=user_path, help="input file, one sentence per line (default: stdin)")
+    p.add_argument("--output", "-o", type=user_path, help="output file (default: stdout)")
     p.add_argument(
         "--stream",
         action="store_true",
@@ -134,6 +138,7 @@ def _translate_parsers(sub) -> None:
     )
     p.add_argument(
         "--attention",
+        type=user_path,
         metavar="DIR",
         help="also write each line's attention map: DIR/NNNNN.png (heatmap) and DIR/NNNNN.json (all weights)",
     )
@@ -154,11 +159,13 @@ def _translate_parsers(sub) -> None:
         help="corpus BLEU and chrF with sacreBLEU",
         description="Score a hypothesis file (or a run's translation of --src) against references.",
     )
-    p.add_argument("--hyp", help="hypothesis file, one detokenized sentence per line")
-    p.add_argument("--ref", action="append", required=True, help="reference file (repeat for several references)")
-    p.add_argument("--model", metavar="RUN_DIR", help="translate --src with this run, then score")
-    p.add_argument("--src", help="source file to translate (with --model)")
-    p.add_argument("--output", "-o", help="with --model: also write the translations here")
+    p.add_argument("--hyp", type=user_path, help="hypothesis file, one detokenized sentence per line")
+    p.add_argument(
+        "--ref", type=user_path, action="append", required=True, help="reference file (repeat for several references)"
+    )
+    p.add_argument("--model", type=user_path, metavar="RUN_DIR", help="translate --src with this run, then score")
+    p.add_argument("--src", type=user_path, help="source file to translate (with --model)")
+    p.add_argument("--output", "-o", type=user_path, help="with --model: also write the translations here")
     p.add_argument("--json", action="store_true", help="print the scores as JSON")
     p.add_argument(
         "--tokenize",
@@ -186,7 +193,9 @@ def _tune_parser(sub) -> None:
         description="Translate the run's dev set with every beam size and length penalty given, keep the pair "
         "with the best dev BLEU in RUN_DIR/config.yaml (decode section) and the grid in RUN_DIR/tune_decode.json.",
     )
-    p.add_argument("--model", required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    p.add_argument(
+        "--model", type=user_path, required=True, metavar="RUN_DIR", help="run directory written by 'nmt train'"
+    )
     beams, penalties = ",".join(map(str, BEAM_SIZES)), ",".join(map(str, LENGTH_PENALTIES))
     p.add_argument("--beam-sizes", type=_number_list(positive_int), default=list(BEAM_SIZES), help=f"default {beams}")
     p.add_argument(
@@ -208,11 +217,13 @@ def _report_parsers(sub) -> None:
         "and the matrix-multiply peak of the same device and precision, in one run.",
     )
     _add_config_options(p, "YAML config whose data and model to use")
-    p.add_argument("--model", metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)")
+    p.add_argument(
+        "--model", type=user_path, metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)"
+    )
     p.add_argument("--updates", type=positive_int, default=30, help="timed training updates (default 30)")
     p.add_argument("--warmup", type=positive_int, default=5, help="untimed updates first (default 5)")
     p.add_argument("--decode-sentences", type=positive_int, help="decode only the first N test sentences")
-    p.add_argument("--json", metavar="FILE", help="write the report here (default: stdout)")
+    p.add_argument("--json", type=user_path, metavar="FILE", help="write the report here (default: stdout)")
     p.set_defaults(func=commands.cmd_bench)
 
     p = sub.add_parser(
@@ -222,8 +233,8 @@ def _report_parsers(sub) -> None:
         "time and updates, test BLEU/chrF (each run decoded with its config's decode section: what "
         "'nmt tune-decode' chose, where it was run) and decoding speed (greedy and beam 5, every run alike).",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
-    p.add_argument("--out", default="report", help="output directory (default: report)")
+    p.add_argument("runs", type=user_path, nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
+    p.add_argument("--out", type=user_path, default="report", help="output directory (default: report)")
     p.set_defaults(func=commands.cmd_compare)
 
     p = sub.add_parser(
@@ -233,8 +244,8 @@ def _report_parsers(sub) -> None:
         "training loss, dev loss, perplexity and BLEU, learning rate, gradient norm, target tokens/s. "
         "Writes one PNG per scalar and index.md.",
     )
-    p.add_argument("runs", nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
-    p.add_argument("--out", required=True, metavar="DIR", help="output directory (created if missing)")
+    p.add_argument("runs", type=user_path, nargs="+", metavar="RUN_DIR", help="run directories written by 'nmt train'")
+    p.add_argument("--out", type=user_path, required=True, metavar="DIR", help="output directory (created if missing)")
     p.set_defaults(func=commands.cmd_plot)
 
 
@@ -248,8 +259,8 @@ def _deploy_parsers(sub) -> None:
     )
     p.add_argument("--format", required=True, choices=["ctranslate2"], help="target format")
     p.add_argument("--quantization", help="CTranslate2 weight type, e.g. int8 (default: float32)")
-    p.add_argument("run_dir", metavar="RUN_DIR", help="run directory written by 'nmt train'")
-    p.add_argument("out_dir", metavar="OUT_DIR", help="output directory (must not hold files)")
+    p.add_argument("run_dir", type=user_path, metavar="RUN_DIR", help="run directory written by 'nmt train'")
+    p.add_argument("out_dir", type=user_path, metavar="OUT_DIR", help="output directory (must not hold files)")
     p.set_defaults(func=commands.cmd_export)
 
 

@@ -232,6 +232,26 @@ def test_eval_bleu_equals_sacrebleu(tmp_path, capsys):
     assert code == 0 and "BLEU" in out and "chrF" in out and "nrefs:1" in out
 
 
+def test_a_path_option_written_with_equals_expands_a_leading_tilde(trained_run, tmp_path, capsys, monkeypatch):
+    # the shell expands '~' only where it starts a word: '--model=~/runs/x' reached nmt as written,
+    # and was "no such run"
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / "src.txt").write_text(PAIRS[0][0] + "\n")
+    (tmp_path / "ref.txt").write_text(PAIRS[0][1] + "\n")
+    home_run = tmp_path / "runs" / "x"
+    home_run.parent.mkdir()
+    home_run.symlink_to(trained_run / "run")
+    code, out, err = run_cli(
+        ["translate", "--model=~/runs/x", "--input=~/src.txt", "--output=~/out.txt", "--beam-size=1"], capsys
+    )
+    assert code == 0, err
+    assert (tmp_path / "out.txt").read_text() == PAIRS[0][1] + "\n"
+    code, out, err = run_cli(["eval-bleu", "--hyp=~/out.txt", "--ref=~/ref.txt", "--ref=~/ref.txt", "--json"], capsys)
+    assert code == 0 and json.loads(out)["bleu"] == pytest.approx(100.0), err
+    code, out, err = run_cli(["train", "--config=~/nowhere.yaml"], capsys)
+    assert code == 2 and f"{tmp_path / 'nowhere.yaml'}: no such config file" in err, err
+
+
 def test_eval_bleu_line_counts_that_differ_name_both_files_and_counts(trained_run, tmp_path, capsys):
     run, src, ref = trained_run / "run", trained_run / "data" / "train.de", trained_run / "data" / "train.en"
     short = tmp_path / "short.en"
