@@ -73,6 +73,15 @@ def check_training(cfg: Config) -> None:
             f"config key 'train.attention': {t.attention} chooses the Transformer's attention kernel; "
             f"model.type '{m.type}' has none to choose (leave it auto)"
         )
+    # torch.compile failed on the RNN's decoder: with 2 or more decoder layers and dropout (the shipped
+    # RNN configs) inductor stopped the first update with a traceback (InductorError: Exponent must be
+    # non-negative), and where it compiled, the step loop (one Python step per target position) took
+    # about 90 s per batch shape on 2 CPU cores, the first updates 50x slower than eager.
+    if t.compile and m.type == "rnn":
+        raise NMTError(
+            "config key 'train.compile': not for model.type 'rnn' (torch.compile fails on its decoder's "
+            "step loop, or takes minutes per batch shape); set train.compile: false"
+        )
     if t.max_updates is None and t.max_epochs is None and t.max_minutes is None:
         raise NMTError("config key 'train.max_updates': set at least one of max_updates, max_epochs, max_minutes")
     if t.max_updates is not None and t.warmup_updates > t.max_updates:

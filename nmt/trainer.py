@@ -57,7 +57,7 @@ from nmt.schedule import horizon_change, learning_rate
 from nmt.scoring import bleu_metric
 from nmt.signals import Interrupted
 from nmt.train_log import TrainLog
-from nmt.training_kernels import check_compile, choose_kernels
+from nmt.training_kernels import choose_kernels
 from nmt.training_state import Progress, resume_problem, rng_state, set_rng_state, training_state
 from nmt.translate import Translator
 from nmt.validation import (
@@ -127,7 +127,6 @@ class Trainer:
         # Before any work, and before the ranks join: every rank finds the same, and says it alike.
         check_precision(cfg.train.precision, self.device.type, bf16_available(self.device))
         autotune.check_fp32_matmul(cfg.train.fp32_matmul, self.device.type)
-        check_compile(cfg)
         bleu_metric(cfg.decode.bleu_tokenize, cfg.decode.bleu_lowercase)  # a missing extra: before training, not at dev
         if cfg.train.tensorboard and world.is_main:  # rank 0 writes the events
             from nmt.tensorboard import check_available

@@ -1,7 +1,6 @@
 """What a training run computes in, chosen before its model is built: precision, attention kernel,
 fp32 matmul library and threads, the config's or measured where it says auto (rank 0 measures
-alone and every rank takes its choice; a resumed run keeps the choice it started with), and
-``train.compile`` refused where torch.compile cannot serve the model.
+alone and every rank takes its choice; a resumed run keeps the choice it started with).
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ import torch
 from nmt import autotune, checkpoint, distributed
 from nmt.config import Config
 from nmt.distributed import World
-from nmt.errors import NMTError
 from nmt.kernel_choice import Choice, Request
 from nmt.machine import usable_cpus
 from nmt.rundir import RunDir
@@ -59,16 +57,3 @@ def choose_kernels(
     autotune.apply_threads(choice)
     log(("auto: " if choice.timings else "kernels: ") + choice.describe())
     return choice
-
-
-def check_compile(cfg: Config) -> None:
-    """Refuse ``train.compile`` for the RNN baseline, naming the key, before any work. torch.compile
-    failed on its decoder: with 2 or more decoder layers and dropout (the shipped RNN configs) inductor
-    stopped the first update with a traceback (InductorError: Exponent must be non-negative), and where
-    it compiled, the step loop (one Python step per target position) took about 90 s per batch shape
-    on 2 CPU cores, the first updates 50x slower than eager."""
-    if cfg.train.compile and cfg.model.type == "rnn":
-        raise NMTError(
-            "config key 'train.compile': not for model.type 'rnn' (torch.compile fails on its decoder's "
-            "step loop, or takes minutes per batch shape); set train.compile: false"
-        )
