@@ -210,6 +210,10 @@ class CheckpointManager:
             entry["loss"] = loss
         if len(best) >= self.keep_best and _rank(entry) <= min(map(_rank, best)):
             return False
+        if not self.index_path.exists():
+            # The index first: a best_*.pt without one is refused as a run whose index was lost
+            # (``read_index``), and a kill between the two writes must leave a run that resumes.
+            checkpoint_file.atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
         checkpoint_file.save(payload, self.directory / name)
         best = sorted(best + [entry], key=_rank, reverse=True)
         index = {**index, "best": best[: self.keep_best]}

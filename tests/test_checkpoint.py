@@ -171,6 +171,29 @@ def test_a_best_checkpoint_a_kill_left_as_it_was_replaced_is_removed_at_the_next
     assert sorted(p.name for p in tmp_path.glob("best_*")) == ["best_00000002.pt", "best_00000002.pt.sha256"]
 
 
+def test_a_kill_between_the_first_best_checkpoint_and_its_index_leaves_a_run_that_resumes(tmp_path, monkeypatch):
+    # A best_*.pt without an index is refused as a run whose index was lost; the first validation
+    # wrote its best checkpoint before any index existed, so a kill between the two writes left that.
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    real = checkpoint_file.atomic_write_bytes
+
+    def killed_before_the_entry(path, data):
+        if path.name == "index.json" and b"best_00000001.pt" in data:
+            raise KeyboardInterrupt  # where the process died
+        real(path, data)
+
+    monkeypatch.setattr(checkpoint_file, "atomic_write_bytes", killed_before_the_entry)
+    with pytest.raises(KeyboardInterrupt):
+        m.save_best(payload(1.0), 1, score=10.0)
+    monkeypatch.undo()
+    assert [c.update for c in checkpoint.list_checkpoints(tmp_path, "best")] == [1]
+
+    resumed = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
+    assert resumed.read_index()["best"] == []  # not validated yet, as far as the run knows
+    assert resumed.save_best(payload(1.0), 1, score=10.0)  # the resumed run validates update 1 again
+    assert [b["file"] for b in resumed.read_index()["best"]] == ["best_00000001.pt"]
+
+
 def test_an_unreadable_index_stops_the_writer_before_a_best_checkpoint_is_replaced(tmp_path):
     # read as none, it made a worse validation the best (its entry alone) and deleted best_1
     m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
