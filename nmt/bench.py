@@ -257,7 +257,7 @@ def decoding_kernels(translator) -> dict:
 def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir: str | None) -> None:
     """``--json`` may be none of what bench reads (its config, the corpora) nor a file of a run it
     uses: the config's run, its scratch run RUN_DIR-bench, the ``--model`` run."""
-    from nmt.prepare import corpus_files
+    from nmt.provenance import corpus_files
     from nmt.rundir import RunDir
 
     d = cfg.data

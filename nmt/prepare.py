@@ -3,14 +3,13 @@ binarize the training set into memory-mapped shards in the run directory.
 
 The training corpus is streamed chunk by chunk, never held in memory whole. Shards are
 keyed by a fingerprint of the training-data config, the corpus files and the tokenizer
-models, so a resumed run (or ``nmt train`` after ``nmt prepare``) starts without re-encoding.
+models (``nmt.provenance``), so a resumed run (or ``nmt train`` after ``nmt prepare``) starts
+without re-encoding.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -25,7 +24,6 @@ from nmt.corpus import (
     describe_drops,
     is_hub_dataset,
     iter_parallel,
-    plain_paths,
     read_parallel,
     resolve_format,
 )
@@ -33,10 +31,10 @@ from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
 from nmt.hf_corpus import hub_commit, hub_where
 from nmt.machine import usable_cpus
-from nmt.run_config import config_differences
+from nmt.provenance import changes_since_made, corpus_files, shards_fingerprint, tokenizer_records
 from nmt.rundir import RunDir
 from nmt.shards import ShardedCorpus, read_index
-from nmt.tokenizer import SideError, Tokenizer, read_record, remove_model, train_or_load_tokenizers
+from nmt.tokenizer import SideError, Tokenizer, remove_model, train_or_load_tokenizers
 
 
 @dataclass
@@ -69,60 +67,6 @@ class Prepared:
     dev_src: list[str]  # raw text, for BLEU
     dev_trg: list[str]
     dev: EncodedCorpus
-
-
-def _dataset_files(directory: Path) -> list[Path]:
-    """Every file under a local dataset directory, recursively, in a stable order: the Arrow files
-    and json state of a ``save_to_disk`` directory, or the data files (and any README that
-    configures them) of a data-files directory."""
-    found: list[Path] = []
-    seen: set[str] = set()
-    for root, dirs, files in os.walk(directory, followlinks=True):
-        real = os.path.realpath(root)
-        if real in seen:  # a symlink back up the tree
-            dirs.clear()
-            continue
-        seen.add(real)
-        # git's own store is never read as data, and `git status` rewrites its index.
-        dirs[:] = sorted(d for d in dirs if d != ".git")
-        found += [Path(root, f) for f in sorted(files)]
-    return [f for f in found if f.is_file()]
-
-
-def corpus_files(spec: CorpusConfig, *langs: str) -> list[Path]:
-    """The local files a corpus spec reads for ``langs``. A hub dataset by name has none: what is
-    made from it is keyed by the commit its revision resolves to (see ``_pinned_to_commit``)."""
-    path = Path(spec.path)
-    if path.is_file():
-        return [path]
-    found = _dataset_files(path) if path.is_dir() and spec.format != "plain" else []
-    plain = [] if spec.format == "hf" else [p for lang in langs for p in plain_paths(spec.path, lang) if p.is_file()]
-    return found + plain
-
-
-def _file_stamps(files: list[Path]) -> list[str]:
-    """'path:size:mtime_ns' of each file: how the shards and the SentencePiece records know that a
-    corpus file changed without reading it."""
-    return [f"{f}:{stat.st_size}:{stat.st_mtime_ns}" for f in files for stat in (f.stat(),)]
-
-
-def _fingerprint(cfg: Config, tokenizers: list[Path]) -> str:
-    """What the shards depend on: not ``data.workers``, which only changes how fast they are made."""
-    d = cfg.data
-    h = hashlib.sha256()
-    keys = {
-        "train": d.train.__dict__,
-        "langs": (d.src_lang, d.trg_lang),
-        "filter": (d.max_len, d.max_len_ratio),
-        "shard_pairs": d.shard_pairs,
-        "synthetic": (d.synthetic, d.synthetic_seed, d.synthetic_train_pairs),
-    }
-    h.update(json.dumps(keys, sort_keys=True, default=str).encode())
-    for stamp in _file_stamps(corpus_files(d.train, d.src_lang, d.trg_lang)):
-        h.update(stamp.encode())
-    for p in tokenizers:
-        h.update(p.read_bytes())
-    return h.hexdigest()
 
 
 HUB_PIN = "hub_commit.json"  # in the run's data directory: the hub commit its data was made from
@@ -194,78 +138,13 @@ def _naming_the_files(cfg: Config, error: SideError) -> NMTError:
     return NMTError(f"{where}: {error}")
 
 
-def _as_json(value):
-    """``value`` as it reads back from JSON (tuples become lists), to compare with a record read."""
-    return json.loads(json.dumps(value, default=str))
-
-
-def _tokenizer_records(cfg: Config, paths: tuple[Path, Path]) -> tuple[dict, dict]:
-    """What each SentencePiece model is made from, recorded beside it: the tokenizer section, the
-    seed its sample is drawn with, its language(s), and the training corpus: its config and the
-    files it reads for those languages, known as the shard fingerprint knows them."""
-    d = cfg.data
-
-    def record(*langs: str) -> dict:
-        files = _file_stamps(corpus_files(d.train, *langs))
-        made_from = {"tokenizer": cfg.tokenizer.__dict__, "seed": cfg.seed, "langs": langs, "train": d.train.__dict__}
-        return _as_json({**made_from, "files": files})
-
-    if paths[0] == paths[1]:
-        joint = record(d.src_lang, d.trg_lang)
-        return joint, joint
-    return record(d.src_lang), record(d.trg_lang)
-
-
-def _record_changes(recorded: dict, wanted: dict) -> list[str]:
-    """'key: old -> new' for what differs between a model's record and what it would be made from now."""
-    if not recorded:
-        return ["its record is unreadable"]
-    changes = []
-    for section, prefix in (("tokenizer", "tokenizer."), ("train", "data.train.")):
-        old, new = recorded.get(section), wanted[section]
-        old = old if isinstance(old, dict) else {}
-        changes += [
-            f"{prefix}{k}: {old.get(k)!r} -> {new.get(k)!r}"
-            for k in sorted(set(old) | set(new))
-            if old.get(k) != new.get(k)
-        ]
-    for key, name in (("seed", "seed"), ("langs", "languages")):
-        if recorded.get(key) != wanted[key]:
-            changes.append(f"{name}: {recorded.get(key)!r} -> {wanted[key]!r}")
-    if recorded.get("train") == wanted["train"] and recorded.get("files") != wanted["files"]:
-        known = set(recorded.get("files") or ())
-        changed = [stamp.rsplit(":", 2)[0] for stamp in wanted["files"] if stamp not in known]
-        changes.append(f"the training text changed ({changed[0] if changed else 'a file is gone'})")
-    return changes or (["its record differs"] if recorded != wanted else [])
-
-
-def _changes_since_made(cfg: Config, run: RunDir, path: Path, wanted: dict) -> list[str]:
-    """What changed since the SentencePiece model ``path`` was made, to say why it is trained again;
-    empty when it is reused. The one rule for reusing a model:
-
-    - A run with checkpoints keeps its model, whatever changed: its checkpoints were trained with it
-      (``check_checkpoint`` refuses any other). Only the run's writer ever trains one again.
-    - Before that, a model is reused when the record written with it matches ``wanted``.
-    - A model without a record (made by an earlier version, or put there by hand) is reused unless
-      the run's config.yaml says it was made with other tokenizer settings, languages or corpus.
-    """
-    if not path.exists() or not run.writable or run.has_checkpoints():
-        return []
-    recorded = read_record(path)
-    if recorded is not None:
-        return _record_changes(recorded, wanted)
-    if not run.config_path.exists():
-        return []
-    return config_differences(run.config(), cfg, ("tokenizer",), ("src_lang", "trg_lang", "train"))
-
-
 def _tokenizers(cfg: Config, run: RunDir, log: Callable[[str], None]) -> tuple[Tokenizer, Tokenizer]:
     d = cfg.data
     resolve_format(d.train, d.src_lang, d.trg_lang)  # a missing corpus fails here, before anything is trained
     paths = run.tokenizer_paths(cfg)
-    records = _tokenizer_records(cfg, paths)
+    records = tokenizer_records(cfg, paths)
     for path, wanted in dict(zip(paths, records)).items():
-        changes = _changes_since_made(cfg, run, path, wanted)
+        changes = changes_since_made(cfg, run, path, wanted)
         if changes:
             log(
                 f"{path.name}: made from other settings or text ({'; '.join(changes)}); "
@@ -332,7 +211,7 @@ def _binarized_train(
     d = cfg.data
     directory = run.train_data_dir
     tok_paths = sorted({src_tok.model_path, trg_tok.model_path})
-    fingerprint = _fingerprint(cfg, tok_paths)
+    fingerprint = shards_fingerprint(cfg, tok_paths)
     index = read_index(directory)
     # The other ranks of a torchrun job open what rank 0 has just prepared: another machine may see
     # the corpus under another path, or its copy with other file times, and with its own fingerprint

@@ -683,11 +683,11 @@ def test_another_rank_opens_the_shards_rank_0_prepared_where_its_corpus_looks_ot
 
 _OTHER_MACHINE = """
 import os, sys
-import nmt.prepare
+import nmt.prepare, nmt.provenance
 from nmt.cli import main
 if os.environ["RANK"] == "1":  # its copy of the corpus has other file times, as on another machine
-    stamps, binarize = nmt.prepare._file_stamps, nmt.prepare.binarize
-    nmt.prepare._file_stamps = lambda files: [stamp + "1" for stamp in stamps(files)]
+    stamps, binarize = nmt.provenance.file_stamps, nmt.prepare.binarize
+    nmt.provenance.file_stamps = lambda files: [stamp + "1" for stamp in stamps(files)]
     def encoding(*args, **kwargs):
         print("rank 1 encodes the training data", file=sys.stderr, flush=True)
         return binarize(*args, **kwargs)
