@@ -275,11 +275,12 @@ def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir
 def main(
     cfg: Config, config_file: Path, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log
 ) -> None:
+    from nmt import checkpoint_choice
     from nmt.rundir import RunDir
 
     if model_dir is not None:  # a wrong run directory, or one with no model yet, is reported before any work
         model_run = RunDir.existing(model_dir)
-        model_run.model_checkpoint(model_run.config())
+        checkpoint_choice.model_checkpoint(model_run, model_run.config())
     if json_path:
         check_json_output(Path(json_path), cfg, config_file, model_dir)
     report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)

@@ -336,8 +336,9 @@ def export_run(
     quantization: str | None = None,
     log: Callable[[str], None] | None = None,
 ) -> Path:
-    """Export the checkpoint ``nmt translate`` would use (``RunDir.model_checkpoint``), checked against
+    """Export the checkpoint ``nmt translate`` would use (``checkpoint_choice.model_checkpoint``), checked against
     the run's config and tokenizer; reads the run only."""
+    from nmt import checkpoint_choice
     from nmt.files import check_outside_runs
     from nmt.models import build_model
     from nmt.rundir import RunDir
@@ -348,9 +349,9 @@ def export_run(
     cfg = run.config()
     check_exportable(cfg.model, quantization)  # an RNN run: no install of the package would help
     import_ctranslate2()  # before any loading: a missing package is the next thing to say
-    path = run.model_checkpoint(cfg)
+    path = checkpoint_choice.model_checkpoint(run, cfg)
     src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
-    path, payload = run.load_model_checkpoint(cfg, "auto", path)
+    path, payload = checkpoint_choice.load_model_checkpoint(run, cfg, "auto", path)
     run.check_checkpoint(path, payload, cfg, build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, PAD_ID))
     out = export_ctranslate2(payload["model"], cfg.model, src_tok, trg_tok, out_dir, quantization, cfg.decode)
     if log is not None:

@@ -1,6 +1,7 @@
 """The run directory: its layout, who may write what in it, and the checks that its config, tokenizer
 and checkpoints belong together. The lock is ``nmt.runlock``; whether a config fits the run (a
-resume, the saved corpora, the tuned decoding) is ``nmt.run_config``.
+resume, the saved corpora, the tuned decoding) is ``nmt.run_config``; which checkpoint a reader
+translates with is ``nmt.checkpoint_choice``.
 
     RUN_DIR/
       config.yaml                 the run's resolved config (every default filled in)
@@ -24,14 +25,7 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from nmt.config import (
-    Config,
-    CorpusConfig,
-    DecodeConfig,
-    config_to_dict,
-    config_yaml,
-    load_config,
-)
+from nmt.config import Config, CorpusConfig, config_to_dict, config_yaml, load_config
 from nmt.corpus import plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
@@ -43,7 +37,6 @@ from nmt.run_config import (
     check_resumable,
     check_saved_corpora,
     kept_tuned_decode,
-    tuned_checkpoint,
     written_by_nmt,
 )
 from nmt.runlock import RunLock
@@ -51,8 +44,6 @@ from nmt.tensorboard import TENSORBOARD_DIR
 from nmt.tokenizer import record_path
 
 CONFIG = "config.yaml"
-_CHOICES = ("auto", "best", "last", "average")  # the checkpoints --checkpoint names by role
-_PICK_ATTEMPTS = 10  # a trainer deletes one file per validation: more in one pick is no race
 
 
 def file_sha256(path: Path) -> str:
@@ -167,94 +158,6 @@ class RunDir:
 
         return CheckpointManager(
             self.checkpoint_dir, cfg.train.keep_last, cfg.train.keep_best, clean=self.writable, create=self.writable
-        )
-
-    def model_checkpoint(self, cfg: Config, which: str = "auto") -> Path:
-        """The checkpoint to translate with. ``auto``: the averaged model if its dev BLEU beats the
-        best single checkpoint's, else the best (``best``), else the latest (``last``); ``average``;
-        or a file name in ``checkpoints/``."""
-        from nmt import checkpoint
-
-        manager = self.checkpoints(cfg)
-        latest = checkpoint.list_checkpoints(self.checkpoint_dir, "update")
-        if which == "average":
-            found = manager.average_path()
-            if found is None:
-                make = f"nmt average --model {self.path} --last N"
-                raise NMTError(f"{self.path}: no averaged checkpoint: make one with '{make}'")
-            return found[0]
-        if which == "last":
-            path = latest[0].path if latest else None
-        elif which in ("auto", "best"):
-            recorded = manager.read_index().get("best", [])
-            if recorded and manager.best_path() is None:  # deleted, or left out of a copy of the run
-                raise NMTError(
-                    f"{self.checkpoint_dir / recorded[0]['file']}: the run's best checkpoint (recorded in "
-                    "index.json) is missing: restore it (translate, eval-bleu and tune-decode also take "
-                    "--checkpoint last, average or a file name)"
-                )
-            path = manager.model_path() if which == "auto" else manager.best_path()
-            path = path or (latest[0].path if latest else None)
-        else:
-            path = self.checkpoint_dir / which
-            if not which or Path(which).name != which or not path.is_file():
-                raise NMTError(
-                    f"--checkpoint {shlex.quote(which)}: no such checkpoint in {self.checkpoint_dir} "
-                    "(give auto, best, average, last or a file name there)"
-                )
-        if path is None:
-            raise NMTError(f"{self.path}: the run has no checkpoint yet: it is not a finished run")
-        return path
-
-    def load_model_checkpoint(self, cfg: Config, which: str = "auto", chosen: Path | None = None) -> tuple[Path, dict]:
-        """The checkpoint ``which`` names (``model_checkpoint``; ``chosen`` where the caller has picked
-        it already) and its loaded payload. A run being trained deletes best and training-state
-        checkpoints as it writes better and newer ones (``keep_best``, ``keep_last``): one deleted
-        after it was picked is picked again, so a reader gets the run's choice as it is now, never an
-        error for a file the trainer has just replaced."""
-        from nmt.checkpoint_file import CheckpointGone, load
-
-        path = chosen or self.model_checkpoint(cfg, which)
-        for _ in range(_PICK_ATTEMPTS):
-            try:
-                return path, load(path)
-            except CheckpointGone:
-                if which not in _CHOICES:  # a file named on the command line: no other will do
-                    writer = self.writer()
-                    if writer is None:
-                        raise
-                    raise NMTError(
-                        f"--checkpoint {which}: {path} was deleted as it was read by the process writing "
-                        f"the run ({writer}); 'nmt train' keeps train.keep_best best and train.keep_last newest "
-                        "checkpoints: give auto, best, last or average"
-                    ) from None
-            path = self.model_checkpoint(cfg, which)
-        return path, load(path)
-
-    def retune_note(self, loaded: Path, which: str, decode: DecodeConfig, loaded_by: str) -> str | None:
-        """A note where ``decode``'s beam size and length penalty are the pair 'nmt tune-decode' chose
-        but ``loaded`` (``which``: see ``model_checkpoint``) is not the checkpoint it was tuned with:
-        another file (a new best or average of a run trained on), or the same name written again;
-        None otherwise. ``loaded_by`` says who loads it ("loaded", "translate loads now")."""
-        from nmt.checkpoint_file import recorded_digest
-
-        tuned = tuned_checkpoint(self.tune_decode_path)
-        if tuned is None:
-            return None
-        chosen, tuned_with, digest = tuned
-        if (chosen["beam_size"], chosen["length_penalty"]) != (decode.beam_size, decode.length_penalty):
-            return None  # a pair of the user's own, from the command line or the config
-        now = recorded_digest(loaded)
-        rewritten = digest is not None and now is not None and digest != now
-        if loaded.name == tuned_with and not rewritten:
-            return None
-        retune = ["nmt", "tune-decode", "--model", str(self.path)]
-        retune += ["--checkpoint", which] if which != "auto" else []
-        since = ", written again since" if loaded.name == tuned_with else ""
-        return (
-            f"note: beam {decode.beam_size}, length penalty {decode.length_penalty} were tuned by 'nmt tune-decode' "
-            f"with {tuned_with}; the checkpoint {loaded_by} is {loaded.name}{since}: "
-            f"'{shlex.join(retune)}' re-tunes them for it"
         )
 
     def model_files(self, cfg: Config) -> list[Path]:

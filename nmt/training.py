@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nmt import distributed
+from nmt import checkpoint_choice, distributed
 from nmt.batching import padding_fraction
 from nmt.checkpoint_file import CheckpointNotWritten
 from nmt.config import Config, TrainConfig
@@ -128,10 +128,10 @@ def note_retuning(trainer: Trainer) -> None:
     run, cfg = trainer.run, trainer.cfg
     if trainer.world.is_main and run.tune_decode_path.exists():
         try:
-            loaded = run.model_checkpoint(cfg)
+            loaded = checkpoint_choice.model_checkpoint(run, cfg)
         except NMTError:  # its best checkpoint is missing: translate says so, the finished run stands
             return
-        note = run.retune_note(loaded, "auto", cfg.decode, "translate loads now")
+        note = checkpoint_choice.retune_note(run, loaded, "auto", cfg.decode, "translate loads now")
         if note is not None:
             trainer.log(note)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from nmt import autotune, checkpoint_file
+from nmt import autotune, checkpoint_choice, checkpoint_file
 from nmt.batching import make_batch, sentence_batches
 from nmt.config import DecodeConfig
 from nmt.config_checks import check_beam_size
@@ -257,11 +257,11 @@ def load_translator(
     which: str = "auto",
     decode: DecodeConfig | None = None,
 ) -> Translator:
-    """A run's checkpoint (``which``: see ``RunDir.model_checkpoint``), ready to translate.
+    """A run's checkpoint (``which``: see ``checkpoint_choice.model_checkpoint``), ready to translate.
 
     ``decode``: the decoding the caller translates with where it is the run's own (its config's,
     with any options given); where its pair is the one 'nmt tune-decode' chose with another
-    checkpoint than this one, a note says so (``RunDir.retune_note``). None: a decoding of the
+    checkpoint than this one, a note says so (``checkpoint_choice.retune_note``). None: a decoding of the
     caller's own (validation, benchmarks, tuning itself), which no note concerns.
 
     Precision, attention kernel, fp32 product library and threads are the run's ``train`` settings
@@ -271,7 +271,7 @@ def load_translator(
     machine for this model, or is measured now the same way. Only reads the run.
     """
     cfg = run.config()
-    path = run.model_checkpoint(cfg, which)
+    path = checkpoint_choice.model_checkpoint(run, cfg, which)
     src_tok, trg_tok = load_tokenizers(*run.tokenizer_paths(cfg))
     device = select_device(device_name, key="--device")
     if device.type == "cpu":
@@ -285,7 +285,7 @@ def load_translator(
     # Before the checkpoint is read: a model whose weights alone cannot fit here fails in one line.
     keys = size_keys(cfg.model, src_tok.vocab_size, trg_tok.vocab_size)
     check_weights_fit(checkpoint_file.model_bytes(path), device, path, keys)
-    path, payload = run.load_model_checkpoint(cfg, which, path)
+    path, payload = checkpoint_choice.load_model_checkpoint(run, cfg, which, path)
     model = build_model(cfg.model, src_tok.vocab_size, trg_tok.vocab_size, trg_tok.pad_id)
     run.check_checkpoint(path, payload, cfg, model)
     model.load_state_dict(payload["model"])
@@ -315,7 +315,7 @@ def load_translator(
     model.set_fp32_matmul(fp32_matmul)
     model.to(device).eval()
     precision = Precision(device.type, choice.precision)
-    note = None if decode is None else run.retune_note(path, which, decode, "loaded")
+    note = None if decode is None else checkpoint_choice.retune_note(run, path, which, decode, "loaded")
     if note is not None:
         (log or say)(note)
     return Translator(model, src_tok, trg_tok, device, precision, log, choice.decoding(), path)

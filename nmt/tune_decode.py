@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from nmt import checkpoint_choice
 from nmt.config import MAX_LENGTH_PENALTY, DecodeConfig
 from nmt.config_checks import check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
@@ -112,7 +113,7 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
         # fills between the two leaves the run decoding as before, not with a pair no report explains.
         atomic_write_bytes(run.tune_decode_path, json.dumps(report, indent=1).encode("utf-8"))
         run.write_config(cfg)
-        default = tuned_on if which == "auto" else run.model_checkpoint(cfg).name
+        default = tuned_on if which == "auto" else checkpoint_choice.model_checkpoint(run, cfg).name
     finally:
         run.close()
     if tuned_on != default:  # the pair is the run's, whichever checkpoint a later command loads

@@ -595,7 +595,7 @@ def test_compare_help_says_each_run_decodes_test_with_its_own_settings(capsys):
 
 @pytest.mark.parametrize("command", ["translate", "export"])
 def test_translate_and_export_help_name_the_averaged_model_they_load_where_dev_prefers_it(command, capsys):
-    """Both load RunDir.model_checkpoint's choice: the average where its dev BLEU beats the best."""
+    """Both load checkpoint_choice.model_checkpoint's choice: the average where its dev BLEU beats the best."""
     with pytest.raises(SystemExit):
         main([command, "--help"])
     text = " ".join(capsys.readouterr().out.split())
@@ -805,12 +805,13 @@ def test_other_runtime_errors_are_not_called_out_of_memory(monkeypatch, tmp_path
 def test_a_model_whose_weights_cannot_fit_is_refused_before_its_checkpoint_is_read(trained_run, monkeypatch, capsys):
     import nmt.checkpoint_file
     import nmt.model_memory
+    from nmt import checkpoint_choice
     from nmt.models import build_model
     from nmt.rundir import RunDir
 
     run = trained_run / "run"
     cfg = RunDir(run).config()
-    path = RunDir(run).model_checkpoint(cfg, "auto")
+    path = checkpoint_choice.model_checkpoint(RunDir(run), cfg, "auto")
     weights = sum(p.numel() * 4 for p in build_model(cfg.model, 60, 60, 0).parameters())  # a tied one once
     src = trained_run / "data" / "train.de"
     monkeypatch.setattr(nmt.model_memory, "memory_bytes", lambda: weights)  # just enough: translates

@@ -7,7 +7,7 @@ import pytest
 import yaml
 from conftest import NO_SPACE, refuse_writes, tiny_config
 
-from nmt import checkpoint_file
+from nmt import checkpoint_choice, checkpoint_file
 from nmt.cli import main
 from nmt.config import DecodeConfig, load_config
 from nmt.errors import NMTError
@@ -187,7 +187,7 @@ def test_the_report_names_the_checkpoint_tuned_with_and_a_different_default_is_s
     assert main([*args, "--checkpoint", "update_00000020.pt"]) == 0
     report = json.loads((run / "tune_decode.json").read_text())
     assert report["checkpoint"] == "update_00000020.pt"
-    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    default = checkpoint_choice.model_checkpoint(RunDir.existing(run), RunDir.existing(run).config()).name
     assert default != "update_00000020.pt"
     err = capsys.readouterr().err
     assert f"tuned with update_00000020.pt, but translate and eval-bleu load {default}" in err
@@ -200,19 +200,19 @@ def test_the_report_names_the_checkpoint_loaded_not_a_second_resolution(tmp_path
     config = tiny_config(tmp_path, max_updates=40, validate_every=20)
     assert main(["train", "--config", str(config)]) == 0
     run = tmp_path / "run"
-    loaded, load, resolve = [], checkpoint_file.load, RunDir.model_checkpoint
+    loaded, load, resolve = [], checkpoint_file.load, checkpoint_choice.model_checkpoint
 
     def recorded_load(path, *args, **kwargs):
         loaded.append(path.name)
         return load(path, *args, **kwargs)
 
-    def resolved_then_changed(self, cfg, which="auto"):  # the run's checkpoints change after the first look
-        first = resolve(self, cfg, which)
-        monkeypatch.setattr(RunDir, "model_checkpoint", lambda *_: self.checkpoint_dir / "update_00000020.pt")
+    def resolved_then_changed(run, cfg, which="auto"):  # the run's checkpoints change after the first look
+        first = resolve(run, cfg, which)
+        monkeypatch.setattr(checkpoint_choice, "model_checkpoint", lambda *_: run.checkpoint_dir / "update_00000020.pt")
         return first
 
     monkeypatch.setattr(checkpoint_file, "load", recorded_load)
-    monkeypatch.setattr(RunDir, "model_checkpoint", resolved_then_changed)
+    monkeypatch.setattr(checkpoint_choice, "model_checkpoint", resolved_then_changed)
     tune_decode(RunDir.existing(run), [1], [1.0], "cpu", "last", lambda _: None)
     assert loaded == ["update_00000040.pt"]
     assert json.loads((run / "tune_decode.json").read_text())["checkpoint"] == "update_00000040.pt"
@@ -231,7 +231,7 @@ def test_commands_loading_another_checkpoint_than_the_tuned_one_say_so(tmp_path,
     run, data = tmp_path / "run", tmp_path / "data"
     tune = ["tune-decode", "--model", str(run), "--beam-sizes", "2", "--length-penalties", "0.6"]
     assert main([*tune, "--checkpoint", "update_00000020.pt"]) == 0
-    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    default = checkpoint_choice.model_checkpoint(RunDir.existing(run), RunDir.existing(run).config()).name
     capsys.readouterr()
     translate = ["translate", "--model", run, "-i", data / "train.de", "-o", tmp_path / "out.en"]
     commands = [
@@ -265,7 +265,7 @@ def test_a_tuned_run_trained_on_says_when_its_checkpoint_is_no_longer_the_tuned_
     tuned_with = json.loads((run / "tune_decode.json").read_text())["checkpoint"]
     capsys.readouterr()
     assert main(["train", "--config", str(config), "--set", "train.max_updates=80"]) == 0
-    default = RunDir.existing(run).model_checkpoint(RunDir.existing(run).config()).name
+    default = checkpoint_choice.model_checkpoint(RunDir.existing(run), RunDir.existing(run).config()).name
     assert default != tuned_with  # a new best
     assert _note(run, tuned_with, default, by="translate loads now") in capsys.readouterr().err
     # An average made again under the same name is another checkpoint too.
