@@ -350,8 +350,7 @@ def test_a_signal_during_the_final_validation_keeps_the_last_updates(tmp_path, m
 def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, capsys, ending):
     # Under nohup, behind a closed pipe or a lost ssh session the console's last line is lost:
     # the log must say why the run ended, and how to resume it.
-    from nmt import trainer as trainer_module
-    from nmt import validation
+    from nmt import update_step, validation
     from nmt.signals import Terminated
 
     config = tiny_config(tmp_path, max_updates=12, validate_every=1000, threads=1)
@@ -367,7 +366,7 @@ def test_train_log_ends_with_the_line_the_run_stopped_on(tmp_path, monkeypatch, 
         def out_of_memory(*args, **kwargs):
             raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 2147483648 bytes.")
 
-        monkeypatch.setattr(trainer_module, "teacher_forced_loss", out_of_memory)
+        monkeypatch.setattr(update_step, "teacher_forced_loss", out_of_memory)
     else:  # found as the tokenizer is trained, after train.log is open
         overrides = ["--set", "tokenizer.vocab_size=5000"]
     code = main(["train", "--config", str(config), *overrides])

@@ -69,9 +69,9 @@ def test_stop_and_resume_equals_uninterrupted(tmp_path, library):
 def at_batch(monkeypatch, update: int, batch: int, action) -> None:
     """``action(compute_loss)`` stands in for the loss of update ``update``'s ``batch``-th batch (from 1);
     every other batch's loss is computed as usual."""
-    import nmt.trainer
+    import nmt.update_step
 
-    at_update, compute = testhooks.at_update, nmt.trainer.teacher_forced_loss
+    at_update, compute = testhooks.at_update, nmt.update_step.teacher_forced_loss
     making = {"update": 0, "batches": 0}
 
     def starting(rank, number, when):
@@ -86,7 +86,7 @@ def at_batch(monkeypatch, update: int, batch: int, action) -> None:
         return compute(*args, **kwargs)
 
     monkeypatch.setattr(testhooks, "at_update", starting)
-    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss)
+    monkeypatch.setattr(nmt.update_step, "teacher_forced_loss", loss)
 
 
 def sigterm_during(monkeypatch, update: int, batch: int) -> None:

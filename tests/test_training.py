@@ -197,17 +197,17 @@ def test_fp16_a_skipped_non_finite_loss_leaves_the_loss_scale_and_its_growth_cou
     """A loss of inf over finite gradients (a target the model gives probability 0) is no overflow:
     the scale stays, as fairseq's would, and the update that was skipped is not one of the good ones
     GradScaler counts to double its scale (growth_interval): only updates made count."""
-    import nmt.trainer
+    import nmt.update_step
 
     trainer = fp16_trainer(tmp_path, monkeypatch)
     trainer.scaler = torch.amp.GradScaler("cpu", init_scale=1024.0, growth_interval=2)
-    real, poisoned = nmt.trainer.teacher_forced_loss, [False]
+    real, poisoned = nmt.update_step.teacher_forced_loss, [False]
 
     def loss_of_inf(model, *args, **kwargs):
         loss, nll = real(model, *args, **kwargs)
         return (loss + float("inf"), nll) if poisoned[0] else (loss, nll)  # the gradient stays finite
 
-    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", loss_of_inf)
+    monkeypatch.setattr(nmt.update_step, "teacher_forced_loss", loss_of_inf)
     rows = list(range(8))
     assert trainer.train_step([rows]) is not None  # one good update of the 2 that double the scale
     poisoned[0] = True
@@ -323,17 +323,17 @@ def test_fp16_overflows_while_the_scale_calibrates_do_not_stop_the_run(tmp_path,
 def test_fp16_divergence_ends_nmt_train_with_exit_2_and_keeps_the_checkpoint(tmp_path, monkeypatch, capsys):
     """From the 4th training forward pass on the loss is inf (as an fp16 overflow in the forward makes
     it): the loss scale backs off 30 times, then the run stops with one line; update 2's checkpoint stays."""
-    import nmt.trainer
+    import nmt.update_step
 
     monkeypatch.setenv(testhooks.FP16_ON_CPU, "1")
-    real, calls = nmt.trainer.teacher_forced_loss, [0]
+    real, calls = nmt.update_step.teacher_forced_loss, [0]
 
     def overflowing_loss(model, *args, **kwargs):
         loss, nll = real(model, *args, **kwargs)
         calls[0] += model.training
         return (loss * float("inf"), nll) if model.training and calls[0] >= 4 else (loss, nll)
 
-    monkeypatch.setattr(nmt.trainer, "teacher_forced_loss", overflowing_loss)
+    monkeypatch.setattr(nmt.update_step, "teacher_forced_loss", overflowing_loss)
     settings = ["precision=fp16", "attention=sdpa", "threads=1", "fp32_matmul=blas", "validate_every=2"]
     config = tiny_config(tmp_path, max_updates=20, warmup_updates=1)
     assert main(["train", "--config", str(config), *[a for s in settings for a in ("--set", "train." + s)]]) == 2
