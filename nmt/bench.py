@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import resource
 import statistics
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -18,7 +17,7 @@ from nmt.config import Config
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
 from nmt.errors import NMTError
-from nmt.files import atomic_write_bytes, check_output
+from nmt.files import atomic_write_bytes, check_output, check_stdout, write_stdout
 from nmt.machine import machine, machine_name
 from nmt.models.linear import onednn_available, onednn_mm
 
@@ -283,10 +282,12 @@ def main(
         checkpoint_choice.model_checkpoint(model_run, model_run.config())
     if json_path:
         check_json_output(Path(json_path), cfg, config_file, model_dir)
+    else:
+        check_stdout("give --json FILE for the report")
     report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
     text = json.dumps(report, indent=1) + "\n"
     if json_path:
         atomic_write_bytes(Path(json_path), text.encode("utf-8"))
         log(f"wrote {json_path}")
     else:
-        sys.stdout.write(text)
+        write_stdout(text)

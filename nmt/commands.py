@@ -201,10 +201,12 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from nmt.corpus import read_lines
+    from nmt.files import check_stdout, write_stdout
     from nmt.scoring import bleu_metric, check_line_counts, check_run_bleu, corpus_scores
 
     _check_hyp_alone(args)
     _check_bleu_tokenizer(args.tokenize)
+    check_stdout("eval-bleu prints the scores there")  # before translating, not after
     refs = [read_lines(Path(r)) for r in args.ref]
     ref_names = list(args.ref)
     tokenize, lowercase = args.tokenize or "13a", bool(args.lowercase)
@@ -246,10 +248,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         hyps = read_lines(Path(args.hyp))
         hyp_name = args.hyp
     scores = corpus_scores(hyps, refs, ref_names, hyp_name, tokenize, lowercase)
-    if args.json:
-        print(json.dumps(scores.to_dict(), indent=1))
-    else:
-        print(scores.summary())
+    write_stdout(json.dumps(scores.to_dict(), indent=1) + "\n" if args.json else scores.summary() + "\n")
     return 0
 
 
@@ -281,9 +280,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from nmt.compare import compare
+    import sys
 
-    print(compare([Path(d) for d in args.runs], Path(args.out), log))
+    from nmt.compare import compare
+    from nmt.files import write_stdout
+
+    table = compare([Path(d) for d in args.runs], Path(args.out), log)
+    if sys.stdout is not None:  # closed (>&-): the table is in the report's compare.md
+        write_stdout(table + "\n")
     return 0
 
 

@@ -13,6 +13,7 @@ import errno
 import os
 import re
 import stat
+import sys
 import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -35,6 +36,27 @@ def naming(error: OSError, path: Path, *hidden: Path) -> OSError:
     if error.errno is not None and (error.filename is None or error.filename in {str(h) for h in hidden}):
         error.filename = str(path)
     return error
+
+
+STDOUT = "<stdout>"  # standard output's name in errors, as "<stdin>" is standard input's
+
+
+def check_stdout(why: str) -> None:
+    """Refuse, before any work, a standard output that is closed (``>&-``): ``print`` drops its
+    text there without an error, so a command whose result goes there ended 0 and showed nothing."""
+    if sys.stdout is None:
+        raise NMTError(f"standard output is closed: {why}")
+
+
+def write_stdout(text: str) -> None:
+    """``text`` on standard output, flushed; a write refused there (``> FILE`` on a full disk)
+    names ``<stdout>``, since Python's error names no file."""
+    check_stdout("nowhere to write")
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except OSError as e:
+        raise naming(e, Path(STDOUT)) from None
 
 
 def write_error_message(error: OSError) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 from nmt.config import DecodeConfig
 from nmt.corpus import decode_lines, iter_lines
 from nmt.errors import NMTError
-from nmt.files import LineWriter, check_output
+from nmt.files import LineWriter, check_output, write_stdout
 from nmt.signals import Interrupted, sigterm_interrupts
 
 WINDOW_LINES = 20_000  # lines translated together: sorted into length-homogeneous batches
@@ -115,8 +115,7 @@ class StdoutLines:
         self.lines = 0
 
     def write(self, lines: list[str]) -> None:
-        sys.stdout.write("".join(line + "\n" for line in lines))
-        sys.stdout.flush()
+        write_stdout("".join(line + "\n" for line in lines))
         self.lines += len(lines)
 
     def commit(self) -> None:

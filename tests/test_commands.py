@@ -1,0 +1,63 @@
+"""What the commands after training do with their output and their edge cases (nmt/commands.py)."""
+
+import errno
+import io
+import sys
+
+import pytest
+from conftest import PAIRS, write_corpus
+
+from nmt.cli import main
+
+
+def run_cli(args, capsys):
+    code = main([str(a) for a in args])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+class FullDisk(io.StringIO):
+    """Standard output on a full disk (``> /dev/full``): every write is refused."""
+
+    def write(self, text):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+@pytest.fixture
+def hyp_and_ref(tmp_path):
+    return write_corpus(tmp_path, "test", PAIRS[:3]).with_suffix(".en")
+
+
+@pytest.mark.parametrize("json_option", [[], ["--json"]])
+def test_eval_bleu_on_a_full_disk_names_standard_output(hyp_and_ref, capsys, monkeypatch, json_option):
+    """Python's error names no file: the line said 'a file: could not write'."""
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    code, _, err = run_cli(["eval-bleu", "--hyp", hyp_and_ref, "--ref", hyp_and_ref, *json_option], capsys)
+    assert code == 2
+    assert err == "nmt eval-bleu: error: <stdout>: could not write (No space left on device)\n"
+
+
+def test_eval_bleu_with_standard_output_closed_is_an_error_not_a_lost_score(hyp_and_ref, capsys, monkeypatch):
+    """``>&-``: print dropped the scores and the command ended 0."""
+    monkeypatch.setattr(sys, "stdout", None)
+    code, _, err = run_cli(["eval-bleu", "--hyp", hyp_and_ref, "--ref", hyp_and_ref], capsys)
+    assert code == 2
+    assert err == "nmt eval-bleu: error: standard output is closed: eval-bleu prints the scores there\n"
+
+
+@pytest.fixture(scope="module")
+def trained_run(tmp_path_factory):
+    from conftest import tiny_config
+
+    tmp_path = tmp_path_factory.mktemp("commands")
+    assert main(["train", "--config", str(tiny_config(tmp_path, max_updates=60))]) == 0
+    return tmp_path
+
+
+def test_translate_to_standard_output_on_a_full_disk_names_it(trained_run, capsys, monkeypatch):
+    monkeypatch.setattr(sys, "stdout", FullDisk())
+    code, _, err = run_cli(
+        ["translate", "--model", trained_run / "run", "--input", trained_run / "data/train.de"], capsys
+    )
+    assert code == 2
+    assert err.endswith("nmt translate: error: <stdout>: could not write (No space left on device)\n")
