@@ -33,6 +33,7 @@ class RunSummary:
     curve: list[dict] = field(default_factory=list)  # validation records
     direction: str = ""  # "de->en"
     test_set: str = ""  # the config's data.test, as it names it
+    test_digest: str = ""  # of its text (nmt.validation.dev_digest): the same sentences elsewhere compare
     test: dict = field(default_factory=dict)  # bleu, chrf, signatures
     test_decoding: str = ""  # the settings the test score was decoded with
     decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
@@ -40,6 +41,7 @@ class RunSummary:
 
 def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     from nmt.translate import load_translator
+    from nmt.validation import dev_digest
 
     run_dir = run.path
     train, valid = read_metrics(run_dir)
@@ -69,6 +71,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     # commands give the same score, sacreBLEU's, for the same run and test set.
     summary.test_set = spec.path
     src, ref = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
+    summary.test_digest = dev_digest(src, ref)
     own = replace(cfg.decode, nbest=1)
     test_hyps = None
     for label, beam in (("greedy", 1), ("beam5", 5)):
@@ -83,7 +86,7 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     summary.test = corpus_scores(test_hyps, [ref], tokenize=own.bleu_tokenize, lowercase=own.bleu_lowercase).to_dict()
     summary.test_decoding = decoding_label(own.beam_size, own.length_penalty)
     log(
-        f"{cfg.name}: test BLEU {summary.test['bleu']:.2f} ({summary.test_decoding}), decoding "
+        f"{run_dir}: test BLEU {summary.test['bleu']:.2f} ({summary.test_decoding}), decoding "
         f"{summary.decode_sentences_per_s['greedy']:.1f} / {summary.decode_sentences_per_s['beam5']:.1f} sentences/s"
     )
     return summary
@@ -124,9 +127,10 @@ def markdown_table(runs: list[RunSummary]) -> str:
 
 def _not_comparable(runs: list[RunSummary]) -> str:
     """A line saying so where the runs translate different directions or test sets, or score BLEU
-    differently (``decode.bleu_tokenize``, ``decode.bleu_lowercase``): their scores do not compare."""
+    differently (``decode.bleu_tokenize``, ``decode.bleu_lowercase``): their scores do not compare.
+    A test set is its text, not its path: each run's copy of the same files compares."""
     scored = [r for r in runs if r.test]
-    kinds = {(r.direction, r.test_set, r.test["bleu_signature"]) for r in scored}
+    kinds = {(r.direction, r.test_digest, r.test["bleu_signature"]) for r in scored}
     if len(kinds) < 2:
         return ""
     each = "; ".join(f"{r.name}: {r.direction}, {r.test_set}, {r.test['bleu_signature']}" for r in scored)

@@ -61,3 +61,27 @@ def test_translate_to_standard_output_on_a_full_disk_names_it(trained_run, capsy
     )
     assert code == 2
     assert err.endswith("nmt translate: error: <stdout>: could not write (No space left on device)\n")
+
+
+def test_compare_takes_a_copy_of_the_same_test_set_elsewhere_as_comparable(trained_run, tmp_path, capsys):
+    """The test set was told by its path: two runs each with its own copy of the same files were
+    'Not comparable'. Each run's log line names its directory, as its table row does, not the
+    config's name, which two runs of one config share."""
+    import json
+    import shutil
+
+    import yaml
+
+    other = tmp_path / "other"
+    shutil.copytree(trained_run / "run", other)
+    config = yaml.safe_load((other / "config.yaml").read_text())
+    config["data"]["test"]["path"] = str(write_corpus(tmp_path / "copy", "train", PAIRS))
+    (other / "config.yaml").write_text(yaml.safe_dump(config))
+    out = tmp_path / "report"
+    code, _, err = run_cli(["compare", trained_run / "run", other, "--out", out], capsys)
+    assert code == 0, err
+    assert "do not compare" not in err and "Not comparable" not in (out / "compare.md").read_text()
+    assert f"\n{trained_run / 'run'}: test BLEU" in "\n" + err and f"\n{other}: test BLEU" in err
+    summaries = json.loads((out / "compare.json").read_text())
+    assert summaries[0]["test_set"] != summaries[1]["test_set"]
+    assert summaries[0]["test_digest"] == summaries[1]["test_digest"]
