@@ -197,6 +197,26 @@ def _check_bleu_tokenizer(name: str | None) -> None:
         raise NMTError(f"--tokenize {name!r} is not one of {', '.join(map(repr, get_args(BleuTokenizer)))}")
 
 
+def _scored_lines(name: str, option: str) -> list[str]:
+    """The lines of a hypothesis or reference file, or of standard input for '-' (a pipe from
+    ``nmt translate``, as sacreBLEU and fairseq-score read one): '-' was 'no such file'."""
+    from nmt.corpus import read_lines
+    from nmt.streams import input_file, input_windows
+
+    if name != "-":
+        return read_lines(Path(name))
+    input_file(name, option)  # a closed stdin is an error naming the option
+    return [line for window in input_windows(None) for line in window]
+
+
+def _check_one_stdin(args: argparse.Namespace) -> None:
+    """Standard input can be read once: by one of --hyp, --src and the references."""
+    named = [f"--{option} -" for option in ("hyp", "src") if getattr(args, option) == "-"]
+    named += ["--ref -"] * args.ref.count("-")
+    if len(named) > 1:
+        raise NMTError(f"conflicting options: {' and '.join(named)}: standard input can be read once; give files")
+
+
 def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
@@ -205,10 +225,11 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     from nmt.scoring import bleu_metric, check_line_counts, check_run_bleu, corpus_scores
 
     _check_hyp_alone(args)
+    _check_one_stdin(args)
     _check_bleu_tokenizer(args.tokenize)
     check_stdout("eval-bleu prints the scores there")  # before translating, not after
-    refs = [read_lines(Path(r)) for r in args.ref]
-    ref_names = list(args.ref)
+    refs = [_scored_lines(r, "--ref") for r in args.ref]
+    ref_names = ["<stdin>" if r == "-" else r for r in args.ref]
     tokenize, lowercase = args.tokenize or "13a", bool(args.lowercase)
     if not args.model:
         bleu_metric(tokenize, lowercase, "--tokenize")  # a tokenizer that cannot run: before reading
@@ -234,7 +255,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         src_name = "<stdin>" if source is None else args.src
         if source is not None and source.is_file():  # stdin or a pipe can be read only once: checked after
             check_line_counts(src_name, sum(1 for _ in read_lines(source)), refs, ref_names)
-        inputs = [source, *map(Path, args.ref), *run.model_files(cfg)]
+        inputs = [source, *(Path(r) for r in args.ref if r != "-"), *run.model_files(cfg)]
         sink = open_output(args.output, inputs, "--output", collect=True)
         _check_not_in_run(args.output, run, cfg)
         _translate_to(args, run, cfg, source, sink)
@@ -245,8 +266,8 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     else:
         if not args.hyp:
             raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
-        hyps = read_lines(Path(args.hyp))
-        hyp_name = args.hyp
+        hyps = _scored_lines(args.hyp, "--hyp")
+        hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
     scores = corpus_scores(hyps, refs, ref_names, hyp_name, tokenize, lowercase)
     write_stdout(json.dumps(scores.to_dict(), indent=1) + "\n" if args.json else scores.summary() + "\n")
     return 0

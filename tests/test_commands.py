@@ -85,3 +85,35 @@ def test_compare_takes_a_copy_of_the_same_test_set_elsewhere_as_comparable(train
     summaries = json.loads((out / "compare.json").read_text())
     assert summaries[0]["test_set"] != summaries[1]["test_set"]
     assert summaries[0]["test_digest"] == summaries[1]["test_digest"]
+
+
+def stdin_of(monkeypatch, data: bytes) -> None:
+    monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(data)))
+
+
+def test_eval_bleu_reads_the_hypotheses_or_a_reference_from_standard_input_as_dash(hyp_and_ref, capsys, monkeypatch):
+    """``nmt translate ... | nmt eval-bleu --hyp - --ref REF``, as sacreBLEU and fairseq-score are
+    fed: '-' was 'no such file'."""
+    text = hyp_and_ref.read_bytes()
+    stdin_of(monkeypatch, text)
+    code, out, err = run_cli(["eval-bleu", "--hyp", "-", "--ref", hyp_and_ref], capsys)
+    assert (code, err) == (0, "") and out.startswith("BLEU 100.00  chrF 100.00  (3 sentences)")
+    stdin_of(monkeypatch, text)
+    code, out, err = run_cli(["eval-bleu", "--hyp", hyp_and_ref, "--ref", "-"], capsys)
+    assert (code, err) == (0, "") and out.startswith("BLEU 100.00")
+    stdin_of(monkeypatch, text.split(b"\n", 1)[1])
+    code, out, err = run_cli(["eval-bleu", "--hyp", "-", "--ref", hyp_and_ref], capsys)
+    assert (
+        code == 2
+        and err == f"nmt eval-bleu: error: <stdin> has 2 lines but {hyp_and_ref} has 3: they must align line by line\n"
+    )
+    stdin_of(monkeypatch, b"a\n\xff\n")
+    code, out, err = run_cli(["eval-bleu", "--hyp", "-", "--ref", hyp_and_ref], capsys)
+    assert code == 2 and err == "nmt eval-bleu: error: <stdin>:2: not valid UTF-8\n"
+
+
+@pytest.mark.parametrize("twice", [["--hyp", "-", "--ref", "-"], ["--model", "run", "--src", "-", "--ref", "-"]])
+def test_standard_input_named_twice_is_a_one_line_error(capsys, twice):
+    code, out, err = run_cli(["eval-bleu", *twice], capsys)
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "standard input can be read once" in err
