@@ -43,10 +43,10 @@ def _number_list(number: Callable[[str], Any]):
     """Comma-separated values, each read by ``number`` (a type of nmt.arg_types or one above)."""
 
     def parse(text: str) -> list:
-        values = [number(x.strip()) for x in text.split(",") if x.strip()]
-        if not values:
-            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r}")
-        return values
+        items = [x.strip() for x in text.split(",")]
+        if not all(items):  # '1,,2' or '1,2,': a value left out, not a list to shorten silently
+            raise argparse.ArgumentTypeError(f"expected comma-separated numbers, got {text!r} (an empty item)")
+        return [number(x) for x in items]
 
     return parse
 
@@ -159,7 +159,7 @@ def _translate_parsers(sub) -> None:
         help="corpus BLEU and chrF with sacreBLEU",
         description="Score a hypothesis file (or a run's translation of --src) against references.",
     )
-    p.add_argument("--hyp", type=user_path, help="hypothesis file, one detokenized sentence per line")
+    p.add_argument("--hyp", type=user_path, help="hypothesis file, one detokenized sentence per line (- for stdin)")
     p.add_argument(
         "--ref", type=user_path, action="append", required=True, help="reference file (repeat for several references)"
     )

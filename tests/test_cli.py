@@ -1019,3 +1019,13 @@ def test_a_run_scores_bleu_with_its_decode_bleu_tokenize(trained_run, tmp_path, 
     want = sacrebleu.corpus_bleu(hyps, [refs], tokenize="char", lowercase=True).score
     assert want != pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
     assert dev_bleu(Fixed(), cfg, ["x", "y"], refs)[0] == pytest.approx(want)
+
+
+@pytest.mark.parametrize("values", ["1,,2", "1,2,", ",1", " , "])
+def test_a_number_list_with_an_empty_item_is_refused_not_shortened(values, capsys):
+    # '1,,2' was tuned as [1, 2] without a word: a value the user left out, or a typo.
+    with pytest.raises(SystemExit) as exit_:
+        main(["tune-decode", "--model", "run", "--length-penalties", values])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err
+    assert f"argument --length-penalties: expected comma-separated numbers, got {values!r} (an empty item)" in err
