@@ -141,6 +141,9 @@ class CheckpointManager:
         if clean:  # only the process that writes checkpoints may remove temporaries
             for torn in directory.glob(".*.tmp*"):  # temporary files of a process that died mid-write
                 torn.unlink(missing_ok=True)
+            for digest in directory.glob("*.pt.sha256"):  # a kill between deleting a checkpoint and its digest
+                if not digest.with_name(digest.name.removesuffix(".sha256")).exists():
+                    digest.unlink(missing_ok=True)
 
     def read_index(self) -> dict:
         """The index as written (``read_index``: an unreadable one is an error naming it)."""

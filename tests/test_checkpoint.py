@@ -194,6 +194,28 @@ def test_a_kill_between_the_first_best_checkpoint_and_its_index_leaves_a_run_tha
     assert [b["file"] for b in resumed.read_index()["best"]] == ["best_00000001.pt"]
 
 
+def test_a_digest_a_kill_left_without_its_checkpoint_is_removed_when_the_writer_starts(tmp_path, monkeypatch):
+    # A checkpoint is deleted before its digest: a SIGKILL between the two left update_1.pt.sha256
+    # for good, a digest of no file among the run's checkpoints.
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=1, keep_best=1)
+    m.save_state(training_state(1), 1)
+    real_unlink = Path.unlink
+
+    def killed_after_the_checkpoint(path, missing_ok=False):
+        real_unlink(path, missing_ok=missing_ok)
+        if path.name == "update_00000001.pt":
+            raise KeyboardInterrupt  # where the process died
+
+    monkeypatch.setattr(Path, "unlink", killed_after_the_checkpoint)
+    with pytest.raises(KeyboardInterrupt):
+        m.save_state(training_state(2), 2)
+    monkeypatch.undo()
+    assert (tmp_path / "update_00000001.pt.sha256").exists() and not (tmp_path / "update_00000001.pt").exists()
+
+    checkpoint.CheckpointManager(tmp_path, keep_last=1, keep_best=1)  # the resumed run's
+    assert sorted(p.name for p in tmp_path.glob("update_*")) == ["update_00000002.pt", "update_00000002.pt.sha256"]
+
+
 def test_an_unreadable_index_stops_the_writer_before_a_best_checkpoint_is_replaced(tmp_path):
     # read as none, it made a worse validation the best (its entry alone) and deleted best_1
     m = checkpoint.CheckpointManager(tmp_path, keep_last=2, keep_best=1)
