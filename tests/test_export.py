@@ -275,6 +275,8 @@ def fake_run(tokenizers, tmp_path):
         if model_type == "transformer":
             model = short_training(TransformerConfig(**config["model"]), *tokenizers[True])
             checkpoint_file.save({"model": model.state_dict()}, run / "checkpoints" / "best_00000001.pt")
+            index = {"best": [{"file": "best_00000001.pt", "score": 1.0, "update": 1}]}
+            (run / "checkpoints" / "index.json").write_text(json.dumps(index))  # a best is recorded with its score
         return run
 
     return make
