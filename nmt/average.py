@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -103,6 +103,16 @@ def checkpoints_to_average(
     return found
 
 
+@dataclass(frozen=True)
+class Averaged:
+    """An average of the run's checkpoints, as the index records it."""
+
+    updates: list[int]  # the training states averaged, oldest first
+    bleu: float  # its dev score
+    best_bleu: float  # the best single checkpoint's, as it was ranked against
+    made: bool  # False where that very average existed already (a resumed run's end)
+
+
 def average_last(
     run: RunDir,
     cfg: Config,
@@ -111,11 +121,11 @@ def average_last(
     score: Callable[[Seq2Seq], float],
     log: Callable[[str], None],
     fewer_ok: bool = False,
-) -> tuple[float, float] | None:
+) -> Averaged | None:
     """Average the run's last ``last`` training-state checkpoints into a copy of ``model``, score it
     with ``score`` (dev BLEU) and keep it as ``average_last_K.pt``, K the number averaged; returns
-    (its score, the best single checkpoint's), or None where that very average exists already or
-    (``fewer_ok``, see ``checkpoints_to_average``) there is nothing to average."""
+    it, also where that very average exists already (not ``made``), or None where (``fewer_ok``,
+    see ``checkpoints_to_average``) there is nothing to average."""
     if not run.writable:
         raise RuntimeError("averaging writes into the run: open it for writing first")
     found = checkpoints_to_average(run, cfg, last, log, fewer_ok)
@@ -127,7 +137,7 @@ def average_last(
     done = manager.read_index().get("average") or {}
     if done.get("updates") == updates and manager.average_path() is not None:
         log(f"the average of updates {', '.join(map(str, updates))} exists already (dev BLEU {done['score']:.2f})")
-        return None
+        return Averaged(updates, done["score"], best, made=False)
     payloads = [checkpoint_file.load(info.path) for info in reversed(found)]
     for info, payload in zip(reversed(found), payloads):
         run.check_checkpoint(info.path, payload, cfg, model)
@@ -144,7 +154,7 @@ def average_last(
         f"average of updates {', '.join(map(str, updates))}: dev BLEU {bleu:.2f} against the best single "
         f"checkpoint's {best:.2f}; {run.checkpoint_dir / name} {verdict}"
     )
-    return bleu, best
+    return Averaged(updates, bleu, best, made=True)
 
 
 def config_as_validated(run: RunDir, cfg: Config, state_path: Path) -> Config:
@@ -164,7 +174,7 @@ def config_as_validated(run: RunDir, cfg: Config, state_path: Path) -> Config:
     return validation.validation_config(cfg, penalty)
 
 
-def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None]) -> tuple[float, float] | None:
+def average_run(run: RunDir, last: int, device: str, log: Callable[[str], None]) -> Averaged | None:
     """``nmt average``: lock the run (no trainer may be writing it), average, score on its dev set."""
     from nmt.corpus import clean_pairs, read_parallel
     from nmt.translate import load_translator

@@ -2,10 +2,12 @@
 run is still writing it), and the scalars that plots and TensorBoard draw from it.
 
 Training writes one ``"type": "train"`` record per update (update, epoch, loss, nll, lr, grad_norm,
-trg_tokens, src_tokens, elapsed) and one ``"type": "valid"`` record per validation (update, epoch,
-dev_loss, dev_ppl, dev_bleu, best_bleu, elapsed, seconds). ``elapsed`` is wall time in seconds since
-the run began, summed over its sessions, without start-up; a validation's time is in the gap between
-the train record of its update and the next one.
+trg_tokens, src_tokens, elapsed), one ``"type": "valid"`` record per validation (update, epoch,
+dev_loss, dev_ppl, dev_bleu, best_bleu, elapsed, seconds) and, with ``train.average_last``, one
+``"type": "average"`` record per average it makes (update, dev_bleu, best_bleu, updates: those
+averaged). ``elapsed`` is wall time in seconds since the run began, summed over its sessions,
+without start-up; a validation's time is in the gap between the train record of its update and the
+next one.
 """
 
 from __future__ import annotations
@@ -177,6 +179,24 @@ def validations_trained_on(path: Path) -> tuple[int, int]:
         return 0, 0
     trained_past_last = bool(train) and train[-1]["update"] > valid[-1]["update"]
     return len(valid), len(valid) - 1 + trained_past_last
+
+
+def has_record(path: Path, record: dict) -> bool:
+    """Whether ``path`` holds ``record`` on a line of its own (a file that cannot be read holds none;
+    a line that is not a record is skipped)."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    kind = json.dumps(record.get("type")).encode()
+    for line in data.split(b"\n"):
+        if kind in line:  # most lines are train records: parsed only where they could match
+            try:
+                if json.loads(line) == record:
+                    return True
+            except ValueError:
+                continue
+    return False
 
 
 def parse_metrics(data: bytes, path: Path, left_out: list[LeftOut] | None = None) -> tuple[list[dict], list[dict]]:

@@ -32,7 +32,7 @@ from nmt.device import (
 from nmt.epoch_plan import EpochPlans, continue_epoch
 from nmt.errors import NMTError, drop_failed_work, error_line
 from nmt.files import atomic_write_bytes, storage_error
-from nmt.metrics import MetricsLog
+from nmt.metrics import MetricsLog, has_record
 from nmt.model_memory import check_training_fits
 from nmt.models import build_model
 from nmt.optimization import apply_optimizer_settings
@@ -359,9 +359,19 @@ class Trainer(UpdateStep):
         validating = validation_config(self.cfg, self._validation_penalty())  # ranked against validations
         score = dev_scorer(self.translator, validating, self.data.dev_src, self.data.dev_trg)
         last = self.cfg.train.average_last
-        scores = average_last(self.run, self.cfg, last, self.model, score, self.log, fewer_ok=True)
-        if scores is not None:
-            record = {"type": "average", "update": self.progress.update, "dev_bleu": scores[0], "best_bleu": scores[1]}
+        averaged = average_last(self.run, self.cfg, last, self.model, score, self.log, fewer_ok=True)
+        if averaged is None:
+            return
+        record = {
+            "type": "average",
+            "update": self.progress.update,
+            "dev_bleu": averaged.bleu,
+            "best_bleu": averaged.best_bleu,
+            "updates": averaged.updates,
+        }
+        # The index records the average before this line is written: a run killed between the two
+        # finds the average made as it resumes, and writes the line it lacks.
+        if averaged.made or not has_record(self.run.metrics_path, record):
             self.write_metrics(record)
 
     def save(self) -> None:

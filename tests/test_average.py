@@ -208,3 +208,37 @@ def test_training_s_own_average_replaces_its_earlier_one_and_keeps_one_made_by_h
     assert index["average"]["file"] == "average_last_3.pt" and index["average"]["updates"] == [20, 30, 40]
     assert (directory / "average_last_2.pt").exists()
     capsys.readouterr()
+
+
+class Killed(BaseException):
+    """Where the process died (SIGKILL): nothing after it runs, no handler saves a state."""
+
+
+def test_a_kill_before_the_average_s_metrics_record_leaves_a_resume_that_writes_it(tmp_path, monkeypatch):
+    # The average is written and recorded in index.json before its "average" record in metrics.jsonl:
+    # killed between the two, the resumed run found the average made and wrote no record.
+    from nmt.trainer import Trainer
+
+    config = tiny_config(tmp_path, max_updates=20, validate_every=10, keep_last=2, average_last=2)
+    real = Trainer.write_metrics
+
+    def killed_at_the_average_record(self, record):
+        if record["type"] == "average":
+            raise Killed
+        real(self, record)
+
+    monkeypatch.setattr(Trainer, "write_metrics", killed_at_the_average_record)
+    with pytest.raises(Killed):
+        main(["train", "--config", str(config)])
+    monkeypatch.undo()
+    metrics = tmp_path / "run" / "metrics.jsonl"
+    assert '"average"' not in metrics.read_text()
+    average = json.loads((tmp_path / "run" / "checkpoints" / "index.json").read_text())["average"]
+    assert average["updates"] == [10, 20]
+
+    for _ in range(2):  # resumed, then run again: one record, as a run left alone has
+        assert main(["train", "--config", str(config)]) == 0
+        records = [json.loads(line) for line in metrics.read_text().splitlines()]
+        averages = [r for r in records if r["type"] == "average"]
+        assert len(averages) == 1 and records[-1] == averages[0]
+        assert averages[0]["update"] == 20 and averages[0]["dev_bleu"] == average["score"]
