@@ -64,13 +64,21 @@ def _index_shape_problem(index: Any) -> str | None:
     if not isinstance(index, dict):
         return "not a mapping"
     best, average, last = index.get("best", []), index.get("average"), index.get("last_state")
+    retired = index.get("retired", [])
     if not isinstance(best, list) or not all(map(_index_entry_ok, best)):
         return "'best' is not a list of checkpoint files with their scores"
     if average not in (None, {}) and not _index_entry_ok(average):
         return "'average' is not a checkpoint file with its score"
     if last is not None and not is_whole_number(last):
         return "'last_state' is not an update number"
+    if not isinstance(retired, list) or not all(map(_average_file_name, retired)):
+        return "'retired' is not a list of average file names"
     return None
+
+
+def _average_file_name(name: Any) -> bool:
+    """A name training gives its averages (``average_last_K.pt``), in the checkpoint directory."""
+    return isinstance(name, str) and "/" not in name and name.startswith("average_") and name.endswith(".pt")
 
 
 def read_index(path: Path) -> dict:
@@ -144,10 +152,30 @@ class CheckpointManager:
             for digest in directory.glob("*.pt.sha256"):  # a kill between deleting a checkpoint and its digest
                 if not digest.with_name(digest.name.removesuffix(".sha256")).exists():
                     digest.unlink(missing_ok=True)
+            self._finish_retiring()
 
     def read_index(self) -> dict:
         """The index as written (``read_index``: an unreadable one is an error naming it)."""
         return read_index(self.index_path)
+
+    def _finish_retiring(self) -> None:
+        """Delete the averages training made and the index records as retired (``save_average``): a
+        process killed between the index that replaced one and its deletion left it, named nowhere
+        else. An index that cannot be read is left to the readers, which name it."""
+        try:
+            index = self.read_index()
+        except NMTError:
+            return
+        self._remove_retired(index)
+
+    def _remove_retired(self, index: dict) -> None:
+        """Delete the files ``index`` (as written) records as retired, then the record."""
+        if "retired" not in index:
+            return
+        for name in index["retired"]:
+            _remove(self.directory / name)
+        index = {key: value for key, value in index.items() if key != "retired"}
+        checkpoint_file.atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
 
     def save_state(self, payload: dict, update: int) -> Path:
         path = self.directory / f"update_{update:08d}.pt"
@@ -230,7 +258,10 @@ class CheckpointManager:
         """An averaged model (``nmt.average``), recorded in the index with its dev score. One made at the
         end of training (``by_training``) replaces the one training made before, whatever its name
         (a run that averaged fewer checkpoints than ``train.average_last`` and trained on); one made
-        with ``nmt average`` is kept, to be chosen by name."""
+        with ``nmt average`` is kept, to be chosen by name. The replaced file is recorded as retired
+        by the index that names the new one, and deleted after it: a kill between the two leaves
+        the record, and the next writer deletes it (``_finish_retiring``), where by name alone it
+        could not tell training's file from one of the user's."""
         path = self.directory / name
         index = self.read_index()
         before = index.get("average") or {}
@@ -241,9 +272,15 @@ class CheckpointManager:
             checkpoint_file.atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
         checkpoint_file.save(payload, path)
         index["average"] = {"file": name, "score": score, "updates": updates, "by_training": by_training}
+        retired = [file for file in index.get("retired", []) if file != name]
+        replaced = before.get("file")
+        if by_training and before.get("by_training") and replaced != name and _average_file_name(replaced):
+            retired.append(replaced)
+        index = {key: value for key, value in index.items() if key != "retired"}
+        if retired:  # the record outlives the files while they are deleted
+            index["retired"] = retired
         checkpoint_file.atomic_write_bytes(self.index_path, json.dumps(index, indent=1).encode())
-        if by_training and before.get("by_training") and before.get("file") not in (None, name):
-            _remove(self.directory / before["file"])
+        self._remove_retired(index)
         return path
 
     def best_path(self) -> Path | None:

@@ -412,3 +412,29 @@ def test_a_training_state_without_what_a_resume_reads_is_passed_over(tmp_path, e
         f"{tmp_path / 'update_00000002.pt'}: not a training state nmt can resume (no '{entry}' mapping); "
         "trying an older checkpoint"
     ]
+
+
+def test_training_s_earlier_average_a_kill_left_unnamed_is_removed_when_the_writer_starts(tmp_path, monkeypatch):
+    # A run averaged 2 checkpoints, trained on and averaged 3: the index names average_last_3.pt before
+    # average_last_2.pt is deleted, and a kill between the two left training's file, named nowhere, for
+    # good. One made with 'nmt average' and no longer named is the user's, and stays.
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    m.save_best(payload(5.0), 5, score=40.0)
+    m.save_average(payload(1.0), "average_last_4.pt", 30.0, [1, 2, 3, 4])  # by hand
+    m.save_average(payload(2.0), "average_last_2.pt", 35.0, [4, 5], by_training=True)
+
+    def killed(path):
+        raise KeyboardInterrupt  # where the process died
+
+    monkeypatch.setattr(checkpoint, "_remove", killed)
+    with pytest.raises(KeyboardInterrupt):
+        m.save_average(payload(3.0), "average_last_3.pt", 36.0, [5, 6, 7], by_training=True)
+    monkeypatch.undo()
+    assert (tmp_path / "average_last_2.pt").exists()
+    assert m.average_path() == (tmp_path / "average_last_3.pt", 36.0)
+
+    resumed = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)  # the resumed run's
+    averages = ["average_last_3.pt", "average_last_3.pt.sha256", "average_last_4.pt", "average_last_4.pt.sha256"]
+    assert sorted(p.name for p in tmp_path.glob("average_*")) == averages
+    assert resumed.average_path() == (tmp_path / "average_last_3.pt", 36.0)
+    assert "retired" not in resumed.read_index()
