@@ -149,12 +149,23 @@ def average_last(
     if "fingerprint" in payloads[-1]:
         payload["fingerprint"] = payloads[-1]["fingerprint"]
     manager.save_average(payload, name, bleu, updates, by_training=fewer_ok)  # fewer_ok: training's own
-    verdict = "used by default" if bleu > best else "kept, but the best single checkpoint stays the default"
     log(
         f"average of updates {', '.join(map(str, updates))}: dev BLEU {bleu:.2f} against the best single "
-        f"checkpoint's {best:.2f}; {run.checkpoint_dir / name} {verdict}"
+        f"checkpoint's {best:.2f}; {run.checkpoint_dir / name} {_verdict(manager, bleu > best)}"
     )
     return Averaged(updates, bleu, best, made=True)
+
+
+def _verdict(manager: checkpoint.CheckpointManager, better: bool) -> str:
+    """What translation's ``auto`` now takes (``nmt.checkpoint_choice``), said of the average just kept:
+    it, the best single checkpoint, or nothing where the recorded best's file is missing."""
+    missing = manager.missing_best()
+    if missing is not None:
+        return (
+            f"kept, but the best single checkpoint recorded in index.json, {missing.name}, is missing: "
+            "--checkpoint auto and best fail until it is restored; --checkpoint average takes this average"
+        )
+    return "used by default" if better else "kept, but the best single checkpoint stays the default"
 
 
 def config_as_validated(run: RunDir, cfg: Config, state_path: Path) -> Config:

@@ -292,6 +292,15 @@ class CheckpointManager:
         found = list_checkpoints(self.directory, "best")
         return found[0].path if found else None
 
+    def missing_best(self) -> Path | None:
+        """The best checkpoint the index records first where none of those it records is there (deleted,
+        left out of a copy of the run); None where one is, or none is recorded. Translation's ``auto``
+        and ``best`` refuse the run then: its ranking names no file to load."""
+        recorded = self.read_index().get("best", [])
+        if recorded and self.best_path() is None:
+            return self.directory / recorded[0]["file"]
+        return None
+
     def best_score(self) -> float:
         """The best single checkpoint's dev score (-inf before the first validation)."""
         return max((b["score"] for b in self.read_index().get("best", [])), default=float("-inf"))

@@ -36,12 +36,11 @@ def model_checkpoint(run: RunDir, cfg: Config, which: str = "auto") -> Path:
     if which == "last":
         path = latest[0].path if latest else None
     elif which in ("auto", "best"):
-        recorded = manager.read_index().get("best", [])
-        if recorded and manager.best_path() is None:  # deleted, or left out of a copy of the run
+        missing = manager.missing_best()
+        if missing is not None:
             raise NMTError(
-                f"{run.checkpoint_dir / recorded[0]['file']}: the run's best checkpoint (recorded in "
-                "index.json) is missing: restore it (translate, eval-bleu and tune-decode also take "
-                "--checkpoint last, average or a file name)"
+                f"{missing}: the run's best checkpoint (recorded in index.json) is missing: restore it "
+                "(translate, eval-bleu and tune-decode also take --checkpoint last, average or a file name)"
             )
         path = manager.model_path() if which == "auto" else manager.best_path()
         path = path or (latest[0].path if latest else None)

@@ -242,3 +242,22 @@ def test_a_kill_before_the_average_s_metrics_record_leaves_a_resume_that_writes_
         averages = [r for r in records if r["type"] == "average"]
         assert len(averages) == 1 and records[-1] == averages[0]
         assert averages[0]["update"] == 20 and averages[0]["dev_bleu"] == average["score"]
+
+
+def test_nmt_average_on_a_run_whose_best_checkpoint_is_missing_says_so(run, tmp_path, capsys):
+    # index.json names best_*.pt, the file is gone: the average was ranked against its score and
+    # 'the best single checkpoint stays the default' was said, though translate's auto fails for it.
+    copied = tmp_path / "run"
+    shutil.copytree(run / "run", copied, ignore=shutil.ignore_patterns("best_*", "average_*"))
+    index_path = copied / "checkpoints" / "index.json"
+    index = json.loads(index_path.read_text())
+    index_path.write_text(json.dumps({k: v for k, v in index.items() if k != "average"}))
+    assert main(["average", "--model", str(copied), "--last", "2"]) == 0
+    [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("average of updates 30, 40")]
+    recorded = index["best"][0]["file"]
+    assert f"the best single checkpoint recorded in index.json, {recorded}, is missing" in line
+    assert "default" not in line and "--checkpoint average" in line
+    translate = ["translate", "--model", str(copied), "-i", str(run / "data" / "train.de"), "--beam-size", "1"]
+    assert main([*translate, "--checkpoint", "auto"]) == 2
+    assert "the run's best checkpoint (recorded in index.json) is missing" in capsys.readouterr().err
+    assert main([*translate, "--checkpoint", "average"]) == 0
