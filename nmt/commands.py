@@ -18,12 +18,12 @@ def log(message: str) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from nmt import distributed
+    from nmt import distributed, rank_failures
     from nmt.config import check_on_this_machine, load_config
     from nmt.run_config import check_saved_corpora
     from nmt.training import train
 
-    with distributed.reported_once(distributed.world_from_environment()):  # under torchrun
+    with rank_failures.reported_once(distributed.world_from_environment()):  # under torchrun
         cfg = load_config(args.config, args.set)
         check_on_this_machine(cfg, args.config, args.set)
         check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)

@@ -4,11 +4,7 @@
 without them everything here is a no-op for a single process. Gradients are averaged by
 ``DistributedDataParallel``; the few other values every rank must agree on (the update's
 statistics, whether to stop, the validation outcome) travel through the small collectives below.
-
-A failure is reported once: a step one rank does alone, or all do alike, ends with ``agree``,
-which tells every rank how it went, so that the lowest rank with a message prints it and the
-others end quietly, once torchrun stops them (``Stopped``); a rank whose peer went away says so in one line (rank 0
-after saving the training state, see ``nmt.training.saved_if_a_peer_is_lost``).
+A failure is reported once, by one rank: see ``nmt.rank_failures``.
 """
 
 from __future__ import annotations
@@ -18,19 +14,17 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, NoReturn, TypeVar
+from typing import Any, NoReturn
 
 import torch
 import torch.distributed as dist
 
 from nmt.errors import NMTError, SharedError
-from nmt.signals import Interrupted, SignalPending, handlers_set, held_signals, terminating_signals
-
-T = TypeVar("T")
+from nmt.signals import handlers_set, terminating_signals
 
 # Rank 0 works alone while the others wait: it prepares the data (SentencePiece and the encoding
 # of a WMT corpus take an hour or more), measures kernels, validates and averages. Those waits go
@@ -44,7 +38,7 @@ SOLO_WORK_TIMEOUT = timedelta(hours=6)
 JOIN_TIMEOUT = timedelta(minutes=5)
 JOIN_TIMEOUT_VARIABLE = "NMT_JOIN_TIMEOUT_S"  # seconds, for ranks started by hand minutes apart
 _solo_work_group: Any = None  # the group for those waits, once ``init`` has made it
-_joined = False  # whether this process has joined the ranks' group (from then on they can agree)
+joined = False  # whether this process has joined the ranks' group (from then on they can agree)
 
 
 @dataclass(frozen=True)
@@ -84,7 +78,7 @@ def backend_for(device: torch.device) -> str:
 
 
 def init(world: World, device: torch.device) -> None:
-    global _solo_work_group, _joined
+    global _solo_work_group, joined
     if world.enabled and not dist.is_initialized():
         _check_store_address(world)
         join_timeout = join_timeout_from_environment()
@@ -102,7 +96,7 @@ def init(world: World, device: torch.device) -> None:
             raise NMTError(
                 f"rank {world.rank}: cannot join the other ranks{_store_address()} ({_first_line(e)}){waited}"
             ) from None
-        _joined = True
+        joined = True
 
 
 def _check_store_address(world: World) -> None:
@@ -249,7 +243,7 @@ def exit_rank(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _group(solo_work: bool) -> Any:
+def collective_group(solo_work: bool) -> Any:
     """The group a collective goes through: ``solo_work``, one where ranks wait for rank 0's work alone."""
     return _solo_work_group if solo_work else None
 
@@ -284,145 +278,3 @@ def broadcast(obj: Any, world: World) -> Any:
     holder = [obj]
     dist.broadcast_object_list(holder, src=0)
     return holder[0]
-
-
-# How long a rank that ends quietly waits for the rank that reports: torchrun stops every rank as
-# soon as one ends with a failure, so a quiet rank that left first would cut the report short.
-REPORT_WAIT_S = 30.0
-
-
-class Stopped(NMTError):
-    """This rank ends because another failed and reports why: no message; torchrun's SIGTERM, once the
-    reporting rank has exited, or else the failure's exit status.
-
-    ``wait``: stay until torchrun ends this process (after the reporting rank has printed and
-    exited) or ``REPORT_WAIT_S`` pass; not for a signal, where torchrun is already stopping every
-    rank. ``fallback``: printed if the wait runs out, for an error the ranks could not agree on
-    (before they joined), in case the rank meant to report it did not fail."""
-
-    def __init__(self, exit_code: int, wait: bool = True, fallback: str = ""):
-        super().__init__("")
-        self.exit_code = exit_code
-        self.wait = wait
-        self.fallback = fallback
-
-    def wait_for_report(self) -> str:
-        """Wait as above (the command has ended); what to print if nobody ended this process."""
-        if not self.wait:
-            return ""
-        for s in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(s, signal.SIG_DFL)
-        time.sleep(REPORT_WAIT_S)
-        return self.fallback
-
-
-class PeerLost(NMTError):
-    """A collective failed because another rank went away or stopped answering."""
-
-    exit_code = 1
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """How one rank's step failed, as the others learn it."""
-
-    message: str
-    exit_code: int
-    signum: int | None = None  # a signal ended it
-
-
-def _outcome(error: BaseException) -> Outcome:
-    if isinstance(error, KeyboardInterrupt):
-        signum = getattr(error, "signum", signal.SIGINT)
-        return Outcome("interrupted", 128 + signum, signum)
-    if isinstance(error, NMTError):
-        return Outcome(str(error), error.exit_code)
-    return Outcome(f"{type(error).__name__}: {error}", 1)  # a bug: that rank shows its traceback
-
-
-def agree(world: World, work: Callable[[], T], solo_work: bool = False) -> T:
-    """``work``'s result, once every rank knows that its step went well on all (every rank calls
-    this; ``work`` may do nothing on some). Where it failed, a rank raises its own error unless a
-    lower rank failed with the same message, so an error common to all is reported once, by rank
-    0; the others end quietly (``Stopped``) with the first failure's exit status, or as
-    interrupted (``SignalPending``) where a signal ended it. ``solo_work``: rank 0's work alone."""
-    if not world.enabled:
-        return work()
-    error: BaseException | None = None
-    result = None
-    try:
-        result = work()
-    except (Exception, KeyboardInterrupt) as e:
-        error = e
-    outcomes: list[Outcome | None] = [None] * world.world_size
-    # torchrun passes a signal to every rank: one waiting here, let out by it half-way through the
-    # exchange, left the rank that was working (and interrupted) to report a lost peer instead.
-    with held_signals():
-        dist.all_gather_object(outcomes, None if error is None else _outcome(error), group=_group(solo_work))
-    failed = [(rank, o) for rank, o in enumerate(outcomes) if o is not None]
-    if not failed:
-        return result
-    if error is not None and _outcome(error).message not in {o.message for r, o in failed if r < world.rank}:
-        raise error
-    first = failed[0][1]
-    if first.signum is not None:
-        raise SignalPending(first.signum)
-    raise Stopped(first.exit_code)
-
-
-# What gloo says when the other end of a collective is gone, or silent past the timeout (NCCL
-# raises DistBackendError).
-_PEER_GONE = ("connection closed by peer", "connection reset by peer", "broken pipe", "pair closure", "timed out")
-
-
-def peer_lost(error: BaseException) -> bool:
-    """Whether ``error`` is a collective failing because another rank went away or stopped answering."""
-    if isinstance(error, dist.DistError):
-        return True
-    text = str(error).lower()
-    return isinstance(error, RuntimeError) and any(phrase in text for phrase in _PEER_GONE)
-
-
-def peer_lost_message(world: World, error: BaseException) -> str:
-    """What this rank says where ``error`` is a collective failing because a peer went away (``peer_lost``)."""
-    what = "stopped answering (see its messages)" if "timed out" in str(error).lower() else "stopped (see its message)"
-    return f"rank {world.rank}: another rank {what}"
-
-
-@contextmanager
-def reported_once(world: World) -> Iterator[None]:
-    """Around a torchrun rank's whole command: what its failure prints. An error every rank raises
-    alike (``SharedError``, an interruption, a bad config before the ranks could agree) is printed
-    by rank 0 alone (one per machine before they agree); an error of this rank's own keeps its
-    message, which names the rank; a collective that failed because a peer went away becomes one
-    line instead of gloo's traceback (rank 0 raises its own ``PeerLost``, naming its checkpoint, where
-    training had begun)."""
-    if not world.enabled:
-        yield
-        return
-    try:
-        yield
-    except (Stopped, PeerLost):  # the message names this rank already
-        raise
-    except SharedError as e:
-        if not world.is_main:
-            raise Stopped(e.exit_code, wait=not isinstance(e, Interrupted)) from None
-        raise
-    except NMTError as e:
-        if not _joined:  # every rank read the same config and found the same devices
-            if world.local_rank > 0:
-                raise Stopped(e.exit_code, fallback=f"rank {world.rank}: {e}") from None
-            raise
-        if not world.is_main:
-            error = NMTError(f"rank {world.rank}: {e}")
-            error.exit_code = e.exit_code
-            raise error from None
-        raise
-    except KeyboardInterrupt as e:  # every rank had the signal: rank 0 says so
-        if not world.is_main:
-            raise Stopped(128 + getattr(e, "signum", signal.SIGINT), wait=False) from None
-        raise
-    except Exception as e:
-        if not peer_lost(e):
-            raise
-        raise PeerLost(peer_lost_message(world, e)) from None

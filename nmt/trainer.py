@@ -15,7 +15,7 @@ from dataclasses import asdict
 
 import torch
 
-from nmt import autotune, distributed, testhooks
+from nmt import autotune, distributed, rank_failures, testhooks
 from nmt.average import average_last, dev_scorer
 from nmt.batching import BatchPlan, epoch_batch_shapes
 from nmt.config import Config, config_to_dict
@@ -125,15 +125,17 @@ class Trainer(UpdateStep):
         torch.manual_seed(cfg.seed)
         # Rank 0 takes the run and prepares the data while the others wait; they then find it done
         # and only open it. Each step ends with every rank knowing whether it went well everywhere.
-        distributed.agree(world, lambda: self._take_run(config_file, resume) if world.is_main else None, solo_work=True)
-        self.data: Prepared = distributed.agree(
+        rank_failures.agree(
+            world, lambda: self._take_run(config_file, resume) if world.is_main else None, solo_work=True
+        )
+        self.data: Prepared = rank_failures.agree(
             world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log, made_by_rank_0=True)
         )
         cfg = self.cfg
         tok = self.data.trg_tok
         # Before anything of the model's size is allocated (auto's measurement builds one layer of it):
         # a model that cannot fit is one line, not the OOM killer's silent exit 137.
-        distributed.agree(
+        rank_failures.agree(
             world,
             lambda: check_training_fits(
                 cfg.model, self.data.src_tok.vocab_size, tok.vocab_size, tok.pad_id, self.device, self._ranks_here()
@@ -163,7 +165,7 @@ class Trainer(UpdateStep):
         self.translator = Translator(
             self.model, self.data.src_tok, tok, self.device, self.precision, _told_already, self.choice.decoding()
         )
-        distributed.agree(world, lambda: self._resume_and_record(resume))
+        rank_failures.agree(world, lambda: self._resume_and_record(resume))
         self.progress.world_size, self.progress.update_batches = world.world_size, t.accumulate * world.world_size
         self.ddp = None
         if world.enabled:  # after resume: DDP starts every rank from rank 0's weights
@@ -282,7 +284,7 @@ class Trainer(UpdateStep):
         validation given up so has written nothing (torchrun would kill the ranks before a long
         one ended); the caller saves the training state, and the resumed run validates again."""
         world = self.world
-        record = distributed.agree(
+        record = rank_failures.agree(
             world, lambda: self._validate_here(check_signal) if world.is_main else None, solo_work=True
         )
         if world.enabled:
@@ -391,10 +393,10 @@ class Trainer(UpdateStep):
         """What ends a run stopped by a signal once its checkpoint is written."""
         return Interrupted(f"{signal.Signals(signum).name} received: {self._saved()}", signum)
 
-    def peer_lost(self, error: BaseException) -> distributed.PeerLost:
+    def peer_lost(self, error: BaseException) -> rank_failures.PeerLost:
         """What ends rank 0 once it has saved the training state after ``error``, a collective that
         failed because another rank went away."""
-        return distributed.PeerLost(f"{distributed.peer_lost_message(self.world, error)}; {self._saved()}")
+        return rank_failures.PeerLost(f"{rank_failures.peer_lost_message(self.world, error)}; {self._saved()}")
 
     def _fingerprint(self) -> dict:
         return {"fingerprint": self.run.fingerprint(self.cfg)}

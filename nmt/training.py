@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from nmt import checkpoint_choice, distributed
+from nmt import checkpoint_choice, distributed, rank_failures
 from nmt.batching import padding_fraction
 from nmt.checkpoint_file import CheckpointNotWritten
 from nmt.config import Config, TrainConfig
@@ -40,7 +40,7 @@ def train(
     try:
         try:
             return run(trainer, config_file)
-        except distributed.PeerLost:
+        except rank_failures.PeerLost:
             # torchrun SIGTERMs the ranks left as soon as it sees one fail: rank 0 has saved and only
             # ends now, and the signal would replace its report with 'interrupted'.
             closing = SignalGuard()
@@ -56,10 +56,10 @@ def train(
             resume = _resume_once_there_is_space(trainer, config_file, overrides)
             raise NMTError(f"{e.path}: could not write checkpoint ({e.reason}); {resume}") from None
         except Exception as e:  # a peer lost in the set-up, before there is a state to save
-            if not (trainer.world.enabled and distributed.peer_lost(e)):
+            if not (trainer.world.enabled and rank_failures.peer_lost(e)):
                 raise
             closing = SignalGuard()  # torchrun's SIGTERM follows, as above
-            raise distributed.PeerLost(distributed.peer_lost_message(trainer.world, e)) from None
+            raise rank_failures.PeerLost(rank_failures.peer_lost_message(trainer.world, e)) from None
     except (Exception, KeyboardInterrupt) as e:
         # The console may be gone (nohup, a closed pipe, a lost ssh session): train.log says why the run ended.
         trainer.log_end(how_it_ended(e))
@@ -113,7 +113,7 @@ def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
     average = trainer.average if trainer.cfg.train.average_last else lambda: None
     try:
         with saved_if_a_peer_is_lost(trainer):
-            distributed.agree(trainer.world, average, solo_work=True)
+            rank_failures.agree(trainer.world, average, solo_work=True)
     except KeyboardInterrupt as e:  # past the signal guard: the updates since the last checkpoint stay
         trainer.save()
         raise trainer.interrupted(getattr(e, "signum", signal.SIGINT)) from None
@@ -140,7 +140,7 @@ def note_retuning(trainer: Trainer) -> None:
 def saved_if_a_peer_is_lost(trainer: Trainer) -> Iterator[None]:
     """Around training once set up: where a collective fails because another rank went away (killed,
     out of memory, crashed), rank 0 saves the training state it holds and says so; the other ranks
-    end as before (``distributed.reported_once``). That state is a consistent one wherever the
+    end as before (``rank_failures.reported_once``). That state is a consistent one wherever the
     failure surfaces:
 
     - in ``train_step`` (DDP's gradient all-reduce, the statistics): before the optimizer step, so
@@ -157,7 +157,7 @@ def saved_if_a_peer_is_lost(trainer: Trainer) -> Iterator[None]:
     try:
         yield
     except Exception as e:
-        if not (trainer.world.is_main and distributed.peer_lost(e)) or trainer.progress.update == 0:
+        if not (trainer.world.is_main and rank_failures.peer_lost(e)) or trainer.progress.update == 0:
             raise
         with SignalGuard():
             trainer.save()
@@ -258,7 +258,7 @@ def run_loop(trainer: Trainer, signals: SignalGuard) -> str:
                         [p.elapsed_seconds, float(stop or 0)], trainer.world, trainer.device, op="max"
                     )
                 except Exception as e:  # the update is made: its line goes before its checkpoint
-                    if stats is not None and distributed.peer_lost(e):
+                    if stats is not None and rank_failures.peer_lost(e):
                         report.update(stats)
                     raise
                 # One that came during the exchange, which the others may not have had yet, waits too.

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from nmt import autotune, checkpoint, distributed
+from nmt import autotune, checkpoint, distributed, rank_failures
 from nmt.config import Config
 from nmt.distributed import World
 from nmt.kernel_choice import Choice, Request
@@ -53,7 +53,7 @@ def choose_kernels(
             record_use="resume" if has_trained else "start",
         )
 
-    choice = distributed.broadcast(distributed.agree(world, measure, solo_work=True), world)
+    choice = distributed.broadcast(rank_failures.agree(world, measure, solo_work=True), world)
     autotune.apply_threads(choice)
     log(("auto: " if choice.timings else "kernels: ") + choice.describe())
     return choice

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from nmt import distributed, testhooks
+from nmt import distributed, rank_failures, testhooks
 from nmt.batching import derived_seed, make_batch
 from nmt.errors import NMTError, drop_failed_work, error_line
 from nmt.loss import teacher_forced_loss
@@ -123,7 +123,7 @@ class UpdateStep:
         every update since the last validation was lost. Not where another rank went away
         (``saved_if_a_peer_is_lost`` writes it then), nor at an update whose state is written already."""
         p = self.progress
-        if not self.save_before_failed_update or distributed.peer_lost(error) or p.update == self._state_written_at:
+        if not self.save_before_failed_update or rank_failures.peer_lost(error) or p.update == self._state_written_at:
             return
         self.optimizer.zero_grad(set_to_none=True)  # the failed update's gradients: memory the write may need
         if rng is not None:  # as the update found it: the process ends with the error

@@ -18,14 +18,15 @@ import pytest
 import torch
 from conftest import tiny_config, write_corpus
 
-from nmt import checkpoint, checkpoint_file, distributed
+from nmt import checkpoint, checkpoint_file, distributed, rank_failures
 from nmt.batching import token_batches
 from nmt.config import load_config
-from nmt.distributed import Outcome, PeerLost, Stopped, World, share
+from nmt.distributed import World, share
 from nmt.errors import NMTError
 from nmt.metrics import read_metrics
 from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
+from nmt.rank_failures import Outcome, PeerLost, Stopped
 from nmt.resuming import world_size_change
 from nmt.rundir import RunDir
 from nmt.signals import Interrupted, SignalPending
@@ -221,7 +222,7 @@ import os, sys, time
 from datetime import timedelta
 import torch
 import torch.distributed as dist
-from nmt import distributed
+from nmt import distributed, rank_failures
 
 given = {}
 init_process_group = dist.init_process_group
@@ -238,7 +239,7 @@ distributed.init(world, torch.device("cpu"))
 print(given.get("timeout"), distributed._solo_work_group._get_backend(torch.device("cpu")).options._timeout)
 for solo_work in (True, False):
     try:
-        distributed.agree(world, lambda: time.sleep(2) if world.is_main else None, solo_work=solo_work)
+        rank_failures.agree(world, lambda: time.sleep(2) if world.is_main else None, solo_work=solo_work)
         print("waited")
     except RuntimeError:
         print("timed out")
@@ -405,24 +406,24 @@ def test_agree_reports_each_failure_once_and_ends_the_other_ranks_with_its_statu
 
     _gathered(monkeypatch, [Outcome("no such corpus", 3), None])  # rank 0 failed alone
     with pytest.raises(Stopped) as stopped:
-        distributed.agree(rank1, lambda: None)
+        rank_failures.agree(rank1, lambda: None)
     assert stopped.value.exit_code == 3 and str(stopped.value) == ""
 
     _gathered(monkeypatch, [Outcome("cannot resume", 2), "mine"])  # both alike: rank 0 reports it
     with pytest.raises(Stopped):
-        distributed.agree(rank1, fail("cannot resume"))
+        rank_failures.agree(rank1, fail("cannot resume"))
 
     _gathered(monkeypatch, [Outcome("cannot resume", 2), "mine"])  # an error of its own stays visible
     with pytest.raises(NMTError, match="damaged shard"):
-        distributed.agree(rank1, fail("damaged shard"))
+        rank_failures.agree(rank1, fail("damaged shard"))
 
     _gathered(monkeypatch, [Outcome("interrupted", 143, signal.SIGTERM), None])  # rank 0 stopped for a signal
     with pytest.raises(SignalPending) as pending:
-        distributed.agree(rank1, lambda: None)
+        rank_failures.agree(rank1, lambda: None)
     assert pending.value.signum == signal.SIGTERM
 
     _gathered(monkeypatch, [None, None])
-    assert distributed.agree(rank1, lambda: 7) == 7
+    assert rank_failures.agree(rank1, lambda: 7) == 7
 
 
 def test_a_rank_reports_only_what_is_its_own(monkeypatch):
@@ -430,7 +431,7 @@ def test_a_rank_reports_only_what_is_its_own(monkeypatch):
 
     def ended(error: BaseException) -> BaseException:
         with pytest.raises(BaseException) as raised:
-            with distributed.reported_once(rank1):
+            with rank_failures.reported_once(rank1):
                 raise error
         return raised.value
 
@@ -441,14 +442,14 @@ def test_a_rank_reports_only_what_is_its_own(monkeypatch):
     interrupted = ended(Interrupted("SIGTERM received: checkpoint written at update 3", signal.SIGTERM))
     assert isinstance(interrupted, Stopped) and interrupted.exit_code == 143 and str(interrupted) == ""
     assert isinstance(ended(NMTError("train.no_such_key: unknown key")), Stopped)  # before the ranks joined
-    monkeypatch.setattr(distributed, "_joined", True)
+    monkeypatch.setattr(distributed, "joined", True)
     own = ended(NMTError("a training shard holds token id 999"))
     assert str(own) == "rank 1: a training shard holds token id 999" and own.exit_code == 2
     bug = ended(ValueError("a bug"))
     assert isinstance(bug, ValueError)  # with its traceback
     saved = PeerLost("rank 0: another rank stopped (see its message); checkpoint written at update 3; resume ...")
     with pytest.raises(PeerLost) as rank0:  # rank 0's own, once it has saved: as it is
-        with distributed.reported_once(World(rank=0, world_size=2, local_world_size=2)):
+        with rank_failures.reported_once(World(rank=0, world_size=2, local_world_size=2)):
             raise saved
     assert rank0.value is saved
 
@@ -582,9 +583,9 @@ def test_a_kernel_setting_no_rank_can_run_is_one_line_from_rank_0(setup, tmp_pat
 
 _QUIET_RANK = """
 import sys
-from nmt import cli, distributed
-distributed.REPORT_WAIT_S = float(sys.argv[1])
-stop = distributed.Stopped(2, wait=sys.argv[2] == "wait", fallback=sys.argv[3])
+from nmt import cli, rank_failures
+rank_failures.REPORT_WAIT_S = float(sys.argv[1])
+stop = rank_failures.Stopped(2, wait=sys.argv[2] == "wait", fallback=sys.argv[3])
 def fail(args):
     open(sys.argv[4], "w").close()  # the command has failed
     raise stop
@@ -820,8 +821,8 @@ def test_ranks_waiting_to_join_one_that_failed_alone_end_at_torchrun_s_sigterm(s
     root, config, _, _, env = setup
     script = tmp_path / "rank_1_alone.py"
     script.write_text(
-        "import os, sys\nfrom nmt import distributed\nfrom nmt.cli import main\n"
-        "distributed.REPORT_WAIT_S = 1.0\nargs = sys.argv[1:]\n"
+        "import os, sys\nfrom nmt import rank_failures\nfrom nmt.cli import main\n"
+        "rank_failures.REPORT_WAIT_S = 1.0\nargs = sys.argv[1:]\n"
         "if os.environ['RANK'] == '1':\n    args += ['--set', 'train.no_such_key=1']\nsys.exit(main(args))\n"
     )
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), "train"]

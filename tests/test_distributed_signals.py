@@ -14,7 +14,7 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nmt import distributed, testhooks
+from nmt import rank_failures, testhooks
 from nmt.distributed import World
 from nmt.signals import Terminated, sigterm_interrupts
 
@@ -61,7 +61,7 @@ def test_a_signal_during_the_ranks_exchange_is_acted_on_once_it_is_complete(monk
 
     monkeypatch.setattr(torch.distributed, "all_gather_object", all_gather_object)
     with sigterm_interrupts(), pytest.raises(Terminated):
-        distributed.agree(World(rank=0, world_size=2), lambda: "done")
+        rank_failures.agree(World(rank=0, world_size=2), lambda: "done")
     assert exchanged == [None]  # this rank's outcome went out whole: the others learn how its step went
 
 
