@@ -1,6 +1,7 @@
 """Where a config's plain values come from: the YAML file, read with its checks (``read_yaml``), and
 the ``--set`` overrides written into it (``apply_overrides``); and which of the two gave the key a
-config error names (``error_source``) or caused it through another key (``error_cause``).
+config error names (``error_source``), with the line of the file that gives it (``key_mark``), or
+caused it through another key (``error_cause``).
 ``nmt.config`` makes the values into typed sections.
 """
 
@@ -252,14 +253,54 @@ def error_source(message: str, path: Path, overrides: list[str]) -> str:
     return str(path)
 
 
+def key_mark(path: Path, key: str) -> yaml.Mark | None:
+    """Where the file ``path`` writes the dotted ``key``: its key's mark, or that of the key above it
+    whose value is no mapping (a corpus given as its path alone); None where the file leaves it out
+    (its default) or cannot be read again. The file is composed a second time, and only for an error,
+    so that reading the values stays as it is."""
+    try:
+        loader = _ValueCheckingLoader(path.read_text(encoding="utf-8-sig"))
+    except (OSError, UnicodeDecodeError):
+        return None
+    try:
+        root = loader.get_single_node()
+        loader.construct_document(root)  # merges ('<<: *base') into the mappings' nodes, as loading did
+    except yaml.YAMLError:
+        return None
+    finally:
+        loader.dispose()
+    node, mark = root, None
+    for part in key.split("."):
+        if not isinstance(node, yaml.MappingNode):
+            return mark
+        # the last of a key wins, as loading keeps it: an explicit key after the ones a merge gives
+        given = [(k, v) for k, v in node.value if isinstance(k, yaml.ScalarNode) and str(k.value) == part]
+        if not given:
+            return None
+        key_node, node = given[-1]
+        mark = key_node.start_mark
+    return mark
+
+
+def _file_place(message: str, path: Path) -> str:
+    """``path: line L, column C`` of the key the config error ``message`` names, where the file writes
+    it (the form of the YAML errors read_yaml reports); else the file alone."""
+    match = _ERROR_KEY.match(message)
+    mark = None if match is None else key_mark(path, match.group(1))
+    return str(path) if mark is None else f"{path}: line {mark.line + 1}, column {mark.column + 1}"
+
+
 def error_cause(message: str, path: Path, overrides: list[str], error_with: Callable[[list[str]], str | None]) -> str:
     """Where the config error ``message`` comes from: the --set that gave the key it names
-    (``error_source``), else the file, unless the file alone is free of it (``error_with`` gives the
-    check's error with some of the overrides, or None). Then a --set caused it through another key
-    (``model.d_model=90`` against the file's 4 heads: the error names ``model.heads``): the ones
-    that cause it on their own are named with the file, or every --set where none does alone."""
+    (``error_source``), else the file and the line of the key there, unless the file alone is free
+    of it (``error_with`` gives the check's error with some of the overrides, or None). Then a --set
+    caused it through another key (``model.d_model=90`` against the file's 4 heads: the error names
+    ``model.heads``): the ones that cause it on their own are named with the file, or every --set
+    where none does alone."""
     source = error_source(message, path, overrides)
-    if source != str(path) or not overrides or error_with([]) == message:
+    if source != str(path):
         return source
+    if not overrides or error_with([]) == message:
+        return _file_place(message, path)
     alone = [text for text in overrides if error_with([text]) == message]
     return f"{path} with " + ", ".join(f"--set {text}" for text in alone or overrides)

@@ -477,7 +477,8 @@ def test_rnn_with_compile_is_a_one_line_error_before_any_work(tmp_path, capsys):
     code, _, err = run_cli(["train", "--config", config], capsys)
     assert code == 2 and "Traceback" not in err
     assert err.strip().count("\n") == 0 and "config key 'train.compile': not for model.type 'rnn'" in err
-    assert err.startswith(f"nmt train: error: {config}: config key"), err  # where the value came from
+    line = config.read_text().splitlines().index("  compile: true") + 1  # where the value came from: file and line
+    assert err.startswith(f"nmt train: error: {config}: line {line}, column 3: config key"), err
     assert not (tmp_path / "run" / "checkpoints").exists()
     # given on the command line, the --set is named, as the device and precision refusals name theirs
     config = tiny_config(tmp_path, model_type="rnn")

@@ -481,7 +481,9 @@ def test_errors_name_the_set_override_that_gave_the_bad_value(tmp_path):
     with pytest.raises(NMTError, match=r"^--set train.max_updates=0: config key 'train.max_updates': 0 must be"):
         load_config(path, ["train.max_updates=abc", "train.max_updates=0"])  # the last --set of a key counts
     bad_file = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_updates: abc}\n")
-    with pytest.raises(NMTError, match=r"^\S*c.yaml: config key 'train.max_updates': expected an integer"):
+    with pytest.raises(
+        NMTError, match=r"^\S*c.yaml: line 2, column 9: config key 'train.max_updates': expected an integer"
+    ):
         load_config(bad_file, ["train.lr_peak=0.1", "train.max_minutes=5"])
 
 
@@ -633,7 +635,7 @@ def test_a_corpus_string_replaces_only_the_path_whatever_the_order(tmp_path, mon
     assert load_config(path, ["data.train={path: other}"]).data.train.path == str(tmp_path / "other")
     # And an error in the file's part of the corpus names the file, not the --set of the path.
     path.write_text("data: {train: {path: a, max_pairs: -1}, dev: b}\ntrain: {max_minutes: 5}\n")
-    with pytest.raises(NMTError, match=r"^\S*c.yaml: config key 'data.train.max_pairs'"):
+    with pytest.raises(NMTError, match=r"^\S*c.yaml: line 1, column 25: config key 'data.train.max_pairs'"):
         load_config(path, ["data.train=other"])
 
 
@@ -750,7 +752,9 @@ def test_an_error_a_set_causes_through_another_key_names_that_set_with_the_file(
 
 def test_an_error_the_file_has_itself_names_the_file_whatever_is_set(tmp_path):
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\nmodel: {d_model: 90, heads: 4}\n")
-    with pytest.raises(NMTError, match=rf"^{re.escape(str(path))}: config key 'model.heads': d_model 90 is not"):
+    with pytest.raises(
+        NMTError, match=rf"^{re.escape(str(path))}: line 3, column 22: config key 'model.heads': d_model 90 is not"
+    ):
         load_config(path, ["train.lr_peak=0.01"])
 
 
@@ -764,8 +768,8 @@ def test_a_section_with_all_its_keys_commented_out_takes_its_defaults(tmp_path):
     # a --set fills a null section; a null data section or corpus is refused as one not written is
     cfg = load_config(write(tmp_path, given + "decode:\n"), ["decode.beam_size=3"])
     assert cfg.decode.beam_size == 3
-    for text in ("data:\n", "data:\n  train:\n  dev: d/dev\n"):
-        with pytest.raises(NMTError, match="c.yaml: config key 'data.train': no training corpus given$"):
+    for text, place in (("data:\n", "line 1, column 1"), ("data:\n  train:\n  dev: d/dev\n", "line 2, column 3")):
+        with pytest.raises(NMTError, match=f"c.yaml: {place}: config key 'data.train': no training corpus given$"):
             load_config(write(tmp_path, text))
 
 
@@ -775,4 +779,56 @@ def test_a_section_that_is_no_mapping_is_a_one_line_error_naming_it(tmp_path, ca
         path = write(tmp_path, f"{section}: {value}\n")
         assert main(["train", "--config", str(path)]) == 2
         err = capsys.readouterr().err
-        assert err.count("\n") == 1 and f"{path}: config key '{section}': expected a " in err, err
+        assert err.count("\n") == 1 and f"{path}: line 1, column 1: config key '{section}': expected a " in err, err
+
+
+LINED = """\
+data:
+  train: &corpus
+    path: a
+    max_pairs: 5
+  dev:
+    <<: *corpus
+    path: b
+train:
+  max_minutes: 5
+  lr_peak: 0.001
+  betas:
+    - 0.9
+    - 0.98
+decode: {beam_size: 4}
+"""
+
+
+@pytest.mark.parametrize(
+    "written, replaced, place, message",
+    [
+        ("lr_peak: 0.001", "lr_peak: fast", "line 10, column 3", "config key 'train.lr_peak': expected a number"),
+        ("- 0.98", "- 1.5", "line 11, column 3", "config key 'train.betas': [0.9, 1.5] must be two numbers"),
+        ("decode: {beam_size: 4}", "decode: [1, 2]", "line 14, column 1", "config key 'decode': expected a mapping"),
+        ("decode: {beam_size: 4}", "decode: {beam_size: 0}", "line 14, column 10", "config key 'decode.beam_size': 0"),
+        (
+            "  lr_peak:",
+            "  lr_pek:",
+            "line 10, column 3",
+            "unknown config key 'train.lr_pek' (did you mean 'train.lr_peak'?)",
+        ),
+        # a key a merge ('<<: *corpus') gives is where its anchor writes it; one written after the merge, there
+        ("max_pairs: 5", "max_pairs: -5", "line 4, column 5", "config key 'data.train.max_pairs': -5 must be > 0"),
+        ("    path: b\n", "    path: b\n    max_pairs: 0\n", "line 8, column 5", "config key 'data.dev.max_pairs': 0"),
+    ],
+)
+def test_an_error_in_the_file_names_the_line_of_its_key(tmp_path, written, replaced, place, message):
+    path = write(tmp_path, LINED.replace(written, replaced))
+    with pytest.raises(NMTError) as error:
+        load_config(path)
+    assert str(error.value).startswith(f"{path}: {place}: {message}"), error.value
+
+
+def test_an_error_a_set_gives_or_a_default_holds_names_no_line(tmp_path):
+    path = write(tmp_path, LINED)
+    with pytest.raises(NMTError, match=r"^--set train.lr_peak=fast: config key 'train.lr_peak'"):
+        load_config(path, ["train.lr_peak=fast"])
+    # max_updates is nowhere in the file: the file is named, no line
+    with pytest.raises(NMTError, match=rf"^{re.escape(str(path))}: config key 'train.max_updates': set at least"):
+        load_config(write(tmp_path, LINED.replace("  max_minutes: 5\n", "")))
