@@ -15,7 +15,7 @@ from typing import Any, Literal
 import yaml
 
 from nmt.config_checks import check_consistency, check_corpus_formats, check_training
-from nmt.config_sources import apply_overrides, error_cause, read_yaml
+from nmt.config_sources import apply_overrides, error_cause, file_place, file_values_set_into, read_yaml
 from nmt.corpus import anchor_corpus
 from nmt.corpus_spec import CorpusConfig, absolute_path
 from nmt.errors import NMTError
@@ -309,12 +309,26 @@ def load_config(path: str | Path, overrides: list[str] | None = None, training: 
     """
     path, overrides = Path(path), overrides or []
     values = read_yaml(path)
+    _check_values_set_into(path, values, overrides)
     command_line = apply_overrides(values, overrides)
     try:
         return config_from_dict(values, path.absolute().parent, command_line, training)
     except NMTError as e:
         source = error_cause(str(e), path, overrides, lambda some: _error_with(path, some, training))
         raise NMTError(f"{source}: {e}") from None
+
+
+def _check_values_set_into(path: Path, values: dict, overrides: list[str]) -> None:
+    """The error the file alone gives for a section of it that is no mapping (``decode: [1, 2]``), also
+    where a --set writes a key into it (``decode.beam_size=5``), which would replace the section."""
+    for key, value in file_values_set_into(values, overrides):
+        alone: Any = value
+        for part in reversed(key.split(".")):
+            alone = {part: alone}
+        try:
+            _SCHEMA.build(Config, alone, "")
+        except NMTError as e:
+            raise NMTError(f"{file_place(str(e), path)}: {e}") from None
 
 
 def _error_with(path: Path, overrides: list[str], training: bool) -> str | None:

@@ -235,6 +235,26 @@ def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
     return keys
 
 
+def file_values_set_into(values: dict, overrides: list[str]) -> list[tuple[str, Any]]:
+    """(dotted key, value) of each value of the file that is no mapping and that a --set writes a key
+    into (``decode: [1, 2]`` with ``decode.beam_size=5``): apply_overrides makes it a mapping of that
+    key alone, so the file's own value would never be checked. One an earlier --set gave is not the file's."""
+    found, given = [], []
+    for text in overrides:
+        path, _ = parse_override(text)
+        node: Any = values
+        for depth, part in enumerate(path[:-1]):
+            key = ".".join(path[: depth + 1])
+            if any(key == k or key.startswith(k + ".") for k in given) or not isinstance(node, dict):
+                break
+            node = node.get(part)
+            if node is not None and not isinstance(node, dict):
+                found.append((key, node))
+                break
+        given.append(".".join(path))
+    return found
+
+
 # A config error starts by naming its key ("config key 'train.lr_peak': ..."), so the key says where
 # the bad value came from: a --set or the file.
 _ERROR_KEY = re.compile(r"(?:unknown )?config key '([^']+)'")
@@ -282,7 +302,7 @@ def key_mark(path: Path, key: str) -> yaml.Mark | None:
     return mark
 
 
-def _file_place(message: str, path: Path) -> str:
+def file_place(message: str, path: Path) -> str:
     """``path: line L, column C`` of the key the config error ``message`` names, where the file writes
     it (the form of the YAML errors read_yaml reports); else the file alone."""
     match = _ERROR_KEY.match(message)
@@ -301,6 +321,6 @@ def error_cause(message: str, path: Path, overrides: list[str], error_with: Call
     if source != str(path):
         return source
     if not overrides or error_with([]) == message:
-        return _file_place(message, path)
+        return file_place(message, path)
     alone = [text for text in overrides if error_with([text]) == message]
     return f"{path} with " + ", ".join(f"--set {text}" for text in alone or overrides)

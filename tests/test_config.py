@@ -832,3 +832,24 @@ def test_an_error_a_set_gives_or_a_default_holds_names_no_line(tmp_path):
     # max_updates is nowhere in the file: the file is named, no line
     with pytest.raises(NMTError, match=rf"^{re.escape(str(path))}: config key 'train.max_updates': set at least"):
         load_config(write(tmp_path, LINED.replace("  max_minutes: 5\n", "")))
+
+
+@pytest.mark.parametrize("value", ["[1, 2]", "5", "beam"])
+def test_a_set_into_a_section_that_is_no_mapping_is_the_files_error(tmp_path, capsys, value):
+    """--set decode.beam_size=5 over 'decode: [1, 2]' made the section {beam_size: 5}: the file's was never reported."""
+    for section, key in (("decode", "beam_size=5"), ("model", "d_model=64"), ("data", "src_lang=fr")):
+        path = write(tmp_path, f"{section}: {value}\n")
+        assert main(["train", "--config", str(path)]) == 2
+        alone = capsys.readouterr().err
+        assert main(["train", "--config", str(path), "--set", f"{section}.{key}"]) == 2
+        assert capsys.readouterr().err == alone
+    path = write(tmp_path, f"data: {{train: a, dev: {value}}}\ntrain: {{max_minutes: 5}}\n")
+    if value != "beam":  # a string is the corpus's path
+        message = rf"^{re.escape(str(path))}: line 1, column 18: config key 'data.dev': expected a path or a mapping"
+        with pytest.raises(NMTError, match=message):
+            load_config(path, ["data.dev.max_pairs=5"])
+    # a --set that gives the section first makes the later one its own
+    path = write(tmp_path, f"data: {{train: a, dev: b}}\ntrain: {{max_minutes: 5}}\ndecode: {value}\n")
+    assert load_config(path, ["decode={nbest: 2}", "decode.beam_size=3"]).decode.beam_size == 3
+    with pytest.raises(NMTError, match=r"^--set decode=7: config key 'decode': expected a mapping, got 7$"):
+        load_config(path, ["decode=7"])
