@@ -284,7 +284,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     from nmt.openmp import limit_spinning
+    from nmt.signals import end_with_torchrun
 
+    end_with_torchrun()  # first: a torchrun killed from now on takes this rank with it
     limit_spinning()  # before anything imports torch, which loads the OpenMP runtime
     parser = build_parser()
     args = parser.parse_args(argv)

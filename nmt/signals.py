@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 
@@ -121,3 +122,35 @@ def held_signals() -> Iterator[None]:
             handler(signum, None)
         elif handler == signal.SIG_DFL:
             os.kill(os.getpid(), signum)
+
+
+# prctl's request for a signal when the parent dies (linux/prctl.h)
+_PR_SET_PDEATHSIG = 1
+# A variable torchrun sets in every rank it starts; a rank started by hand (RANK, WORLD_SIZE) lacks it.
+TORCHRUN_VARIABLE = "TORCHELASTIC_RUN_ID"
+
+
+def _ask_for_signal_at_parent_death(signum: int) -> bool:
+    """Ask the kernel for ``signum`` when this process's parent dies (Linux only); whether it took it."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+    except (OSError, AttributeError):  # no prctl in this libc
+        return False
+
+
+def end_with_torchrun() -> None:
+    """Under torchrun: SIGTERM when torchrun dies, so a ``kill -9`` of torchrun (or its own crash)
+    does not leave the ranks training on their own, holding the run's lock: they go the way of a
+    SIGTERM (the training state written, then exit). The kernel's request does not fire for a parent
+    gone before it was made, so a parent changed since this process first looked sends it at once.
+    Without torchrun nothing changes: a plain ``nmt train``'s parent is the user's shell."""
+    if not os.environ.get(TORCHRUN_VARIABLE):
+        return
+    parent = os.getppid()
+    if _ask_for_signal_at_parent_death(signal.SIGTERM) and os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGTERM)

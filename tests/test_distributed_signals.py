@@ -3,7 +3,9 @@ say, and which rank says it (README: an interruption is rank 0's to report)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -14,8 +16,9 @@ import pytest
 import torch
 from conftest import tiny_config
 
-from nmt import rank_failures, testhooks
+from nmt import rank_failures, signals, testhooks
 from nmt.distributed import World
+from nmt.runlock import RunLock
 from nmt.signals import Terminated, sigterm_interrupts
 
 CHECKOUT = str(Path(__file__).parent.parent)  # this checkout's nmt, not an installed one
@@ -101,3 +104,77 @@ def test_a_signal_while_the_ranks_agree_on_it_stops_them_at_the_next_update(tmp_
     assert done.returncode != 0 and ours.count("nmt train: error:") == 1, ours[-3000:]
     assert "nmt train: error: SIGINT received: checkpoint written at update 4; resume with" in ours, ours[-3000:]
     assert "exitcode  : 130" in done.stderr
+
+
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:  # ended meanwhile
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    """Running, not ended (a zombie not reaped yet has ended)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent's death signal is Linux's")
+def test_ranks_whose_torchrun_is_killed_write_their_state_and_end(tmp_path):
+    # kill -9 of torchrun left its ranks training on their own, rank 0 holding train.lock, so the
+    # next nmt train was refused as locked until the user found and killed them.
+    config = tiny_config(tmp_path, max_updates=100_000, validate_every=100_000, log_every=100_000, warmup_updates=1)
+    digests = tmp_path / "digests"
+    digests.mkdir()
+    env = {**os.environ, "PYTHONPATH": CHECKOUT, "OMP_NUM_THREADS": "1", testhooks.PARAM_DIGESTS: str(digests)}
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", "-m", "nmt"]
+    cmd += ["train", "--config", str(config), "--set", "train.threads=1"]
+    err = tmp_path / "stderr"
+    ranks: list[int] = []
+    with open(err, "w") as stderr:
+        job = subprocess.Popen(cmd, env=env, stderr=stderr, start_new_session=True)
+    try:
+        _wait_for(digests / "rank0.txt")  # training runs
+        ranks = _children(job.pid)  # torchrun starts each rank in a session of its own
+        assert len(ranks) == 2, ranks
+        job.kill()
+        job.wait()
+        deadline = time.monotonic() + 20
+        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(_alive(pid) for pid in ranks), err.read_text()[-3000:]
+    finally:
+        for pid in [job.pid, *ranks]:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        job.wait()
+    said = err.read_text()
+    assert RunLock(tmp_path / "run" / "train.lock").holder() is None
+    written = re.search(r"SIGTERM received: checkpoint written at update (\d+)", said)
+    assert written, said[-3000:]
+    update = int(written.group(1))
+    resume = [sys.executable, "-m", "nmt", "train", "--config", str(config), "--set", "train.threads=1"]
+    resume += ["--set", f"train.max_updates={update + 1}"]
+    resumed = subprocess.run(resume, env=env, capture_output=True, text=True, timeout=120)
+    assert resumed.returncode == 0 and f"resuming at update {update} " in resumed.stderr, resumed.stderr[-3000:]
+
+
+def test_only_a_torchrun_rank_asks_for_sigterm_at_its_parent_s_death(monkeypatch):
+    asked, sent, parents = [], [], iter([100, 1])
+    monkeypatch.setattr(signals, "_ask_for_signal_at_parent_death", lambda signum: asked.append(signum) or True)
+    monkeypatch.setattr(os, "getppid", lambda: next(parents))
+    monkeypatch.setattr(os, "kill", lambda pid, signum: sent.append(signum))
+    monkeypatch.delenv(signals.TORCHRUN_VARIABLE, raising=False)
+    signals.end_with_torchrun()  # a plain nmt train: its parent is the user's shell
+    assert asked == [] and sent == []
+    monkeypatch.setenv(signals.TORCHRUN_VARIABLE, "none")
+    signals.end_with_torchrun()  # torchrun died before the request: it would never fire
+    assert asked == [signal.SIGTERM] and sent == [signal.SIGTERM]
