@@ -109,16 +109,22 @@ def read_index(path: Path) -> dict:
 def _corrupt_index(path: Path, why: str) -> str:
     return (
         f"{path}: {why}; it ranks the run's best checkpoints by their dev scores, which no other file holds: "
-        "restore it from a copy of the run (translate and eval-bleu still take --checkpoint last or a file "
-        f"name there; to give the ranking up, move it and the best_*.pt out of {path.parent})"
+        + _restore_index(path, "it and the best_*.pt")
     )
 
 
 def _missing_index(path: Path) -> str:
     return (
         f"{path}: missing beside the run's best checkpoints (best_*.pt), which it ranks by their dev scores "
-        "and no other file holds: restore it from a copy of the run (translate and eval-bleu still take "
-        f"--checkpoint last or a file name there; to give the ranking up, move the best_*.pt out of {path.parent})"
+        "and no other file holds: " + _restore_index(path, "the best_*.pt")
+    )
+
+
+def _restore_index(path: Path, to_move: str) -> str:
+    """What to do about an index that is lost: restore it, decode without it, or move ``to_move`` away."""
+    return (
+        "restore it from a copy of the run (translate and eval-bleu still take --checkpoint last or a file "
+        f"name there; to give the ranking up, move {to_move} out of {path.parent})"
     )
 
 
