@@ -6,7 +6,9 @@ bytes, a byte is kept when it is >= round(256 p), and the kept values are scaled
 1 / (1 - p_eff) with p_eff = round(256 p) / 256, the rate actually applied (0.1 -> 0.1016), so the
 output stays unbiased. The bits come from torch's generator, so seeding and checkpointed RNG
 state govern them like any other dropout. Measured 3x faster than F.dropout (forward + backward,
-3600 x 256, bf16 and fp32). GPUs keep F.dropout, whose fused kernel is already cheap.
+3600 x 256, bf16 and fp32). GPUs keep F.dropout, whose fused kernel is already cheap, and so does
+a model traced by torch.compile (``compiling()``): the in-place ``random_`` of the byte masks
+breaks its graph at every dropout, and the compiler makes and fuses its own masks for F.dropout.
 
 Bytes apply a rate only to the nearest 1/256, so they are used where that is within 2% of both the
 rate asked for and the rate kept (``bytes_apply``): every rate from 0.1 to 0.9, the usual ones.
@@ -23,6 +25,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from nmt.models.linear import compiling
 
 # How far the rate byte masks apply may be from the one asked for, relative to it and to 1 - p.
 BYTE_RATE_TOLERANCE = 0.02
@@ -81,7 +85,7 @@ def dropout(x: torch.Tensor, p: float) -> torch.Tensor:
     PyTorch's kernel elsewhere."""
     if p == 0.0:
         return x
-    if x.device.type != "cpu" or not bytes_apply(p):
+    if x.device.type != "cpu" or not bytes_apply(p) or compiling():
         return F.dropout(x, p, training=True)
     return byte_dropout(x, p)
 
@@ -90,7 +94,7 @@ def add_dropout(x: torch.Tensor, h: torch.Tensor, p: float) -> torch.Tensor:
     """x + dropout(h, p), the residual connection's sum. On a CPU the sum and the mask are one pass
     (``torch.addcmul``) instead of a product and a sum, and the gradient of ``x`` is passed on
     without a copy; the mask is ``byte_dropout``'s, drawn from the same random stream."""
-    if x.device.type != "cpu" or p == 0.0 or not bytes_apply(p) or x.shape != h.shape:
+    if x.device.type != "cpu" or p == 0.0 or not bytes_apply(p) or x.shape != h.shape or compiling():
         return x + dropout(h, p)
     return _AddScaled.apply(x, h, byte_mask(h, p))
 
