@@ -39,6 +39,7 @@ from nmt.corpus_spec import Chunk
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, is_temporary
 from nmt.shards import ARRAYS, INDEX
+from nmt.signals import end_with_parent
 from nmt.tokenizer import Tokenizer
 
 
@@ -204,10 +205,14 @@ def _stop_signals_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
-def _worker_init() -> None:
+def _worker_init(parent: int) -> None:
     """The parent alone takes an interruption and ends the pool. A worker dying of a signal sent to
     the terminal's process group would lose its task (the parent would wait for its result for
-    ever) or die holding the pool's queue lock (``terminate`` would wait for that lock for ever)."""
+    ever) or die holding the pool's queue lock (``terminate`` would wait for that lock for ever).
+    A worker ends with its parent (``parent``, that process's pid), which a kill -9 gives no time
+    to end the pool: out of the group, it would encode on its own, for nobody. SIGKILL, since a
+    worker has nothing to save (a shard is renamed into place whole) and runs with signals blocked."""
+    end_with_parent(parent, signal.SIGKILL)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     if hasattr(os, "setpgid"):  # POSIX: out of the group, a group's SIGTERM misses it, terminate() does not
         os.setpgid(0, 0)
@@ -312,7 +317,8 @@ def binarize(
         if parallel:
             before = {c.pid for c in multiprocessing.active_children()}
             with _stop_signals_blocked():
-                pool = _Pool(workers, initializer=_worker_init, context=multiprocessing.get_context("spawn"))
+                context = multiprocessing.get_context("spawn")
+                pool = _Pool(workers, initializer=_worker_init, initargs=(os.getpid(),), context=context)
             pool_workers = [c for c in multiprocessing.active_children() if c.pid not in before]
         with _writing(directory):  # a shard's write, here or in a worker (the corpus's read errors are NMTErrors)
             for index, (src, trg) in enumerate(chain(head, stream)):

@@ -143,14 +143,20 @@ def _ask_for_signal_at_parent_death(signum: int) -> bool:
         return False
 
 
+def end_with_parent(parent: int, signum: int) -> None:
+    """``signum`` to this process when its parent, ``parent`` as the parent itself knew its pid, dies
+    (Linux only). The kernel's request does not fire for a parent gone before it was made, and this
+    process is then some other's child already: ``signum`` is sent at once."""
+    if _ask_for_signal_at_parent_death(signum) and os.getppid() != parent:
+        os.kill(os.getpid(), signum)
+
+
 def end_with_torchrun() -> None:
     """Under torchrun: SIGTERM when torchrun dies, so a ``kill -9`` of torchrun (or its own crash)
     does not leave the ranks training on their own, holding the run's lock: they go the way of a
-    SIGTERM (the training state written, then exit). The kernel's request does not fire for a parent
-    gone before it was made, so a parent changed since this process first looked sends it at once.
-    Without torchrun nothing changes: a plain ``nmt train``'s parent is the user's shell."""
+    SIGTERM (the training state written, then exit); at once where the parent changed since this
+    process first looked. Without torchrun nothing changes: a plain ``nmt train``'s parent is the
+    user's shell."""
     if not os.environ.get(TORCHRUN_VARIABLE):
         return
-    parent = os.getppid()
-    if _ask_for_signal_at_parent_death(signal.SIGTERM) and os.getppid() != parent:
-        os.kill(os.getpid(), signal.SIGTERM)
+    end_with_parent(os.getppid(), signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import multiprocessing
@@ -22,10 +23,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import PAIRS, cache_hub_dataset, tiny_config, write_corpus
+from conftest import PAIRS, cache_hub_dataset, child_pids, running, tiny_config, write_corpus
 
 from nmt import binarize as bz
-from nmt import shards, testhooks
+from nmt import shards, signals, testhooks
 from nmt.batching import token_batches
 from nmt.config import Config, load_config
 from nmt.corpus import clean_pairs, filter_by_length, iter_parallel
@@ -487,6 +488,40 @@ def test_a_worker_killed_from_outside_ends_the_preparation_with_an_error_not_a_w
     assert "3 complete shards kept" in capsys.readouterr().err
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent's death signal is Linux's")
+def test_workers_end_with_a_preparation_killed_by_sigkill(tmp_path):
+    """A kill -9 of nmt prepare (or of nmt train as it prepares) gives it no time to end its pool,
+    and its workers, out of its process group, went on encoding for nobody."""
+    proc, argv, held = _prepare_holding_shard_0(tmp_path)
+    workers = [pid for pid in child_pids(proc.pid) if "spawn_main" in Path(f"/proc/{pid}/cmdline").read_text()]
+    try:
+        assert len(workers) == 2 and int(held.read_text()) in workers, workers
+        proc.kill()
+        proc.wait()
+        deadline = time.monotonic() + 10
+        while any(running(pid) for pid in workers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(running(pid) for pid in workers)
+    finally:
+        for pid in workers:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        proc.kill()
+        proc.communicate()
+
+
+def test_a_worker_whose_parent_is_gone_before_it_asks_ends_at_once(monkeypatch):
+    """The kernel's signal at the parent's death is not sent for a parent that died before the request."""
+    sent = []
+    monkeypatch.setattr(signals, "_ask_for_signal_at_parent_death", lambda signum: True)
+    monkeypatch.setattr(os, "getppid", lambda: 1)  # reparented to init
+    monkeypatch.setattr(os, "kill", lambda pid, signum: sent.append(signum))
+    monkeypatch.setattr(signal, "signal", lambda signum, handler: None)
+    monkeypatch.setattr(os, "setpgid", lambda pid, group: None, raising=False)
+    bz._worker_init(4321)
+    assert sent == [signal.SIGKILL]
+
+
 def _prepare_holding_shard_0(tmp_path: Path) -> tuple[subprocess.Popen, list[str], Path]:
     """``nmt prepare`` with two workers, in a session of its own, once one worker holds shard 0
     for ever (its pid in the returned file) and the other, done with shards 1-3, waits for a task."""
@@ -537,7 +572,9 @@ class _SlowToSend:
 def test_stopping_the_pool_while_a_large_chunk_is_on_its_way_to_the_workers_does_not_hang():
     """Ctrl-C while 100,000-pair chunks (megabytes each) go to busy workers: the pool's own terminate()
     empties their pipe once, then waits for ever on a task thread that wrote one more chunk into it."""
-    pool = bz._Pool(1, initializer=bz._worker_init, context=multiprocessing.get_context("spawn"))
+    pool = bz._Pool(
+        1, initializer=bz._worker_init, initargs=(os.getpid(),), context=multiprocessing.get_context("spawn")
+    )
     pool.apply_async(time.sleep, (60,))  # the worker is busy encoding
     pool.apply_async(len, (_SlowToSend(),))
     time.sleep(0.3)  # the pool's task thread is pickling the next chunk

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import tiny_config
+from conftest import child_pids, running, tiny_config
 
 from nmt import rank_failures, signals, testhooks
 from nmt.distributed import World
@@ -106,27 +106,6 @@ def test_a_signal_while_the_ranks_agree_on_it_stops_them_at_the_next_update(tmp_
     assert "exitcode  : 130" in done.stderr
 
 
-def _children(pid: int) -> list[int]:
-    """The processes whose parent is ``pid`` (Linux's /proc)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:  # ended meanwhile
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def _alive(pid: int) -> bool:
-    """Running, not ended (a zombie not reaped yet has ended)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the parent's death signal is Linux's")
 def test_ranks_whose_torchrun_is_killed_write_their_state_and_end(tmp_path):
     # kill -9 of torchrun left its ranks training on their own, rank 0 holding train.lock, so the
@@ -143,14 +122,14 @@ def test_ranks_whose_torchrun_is_killed_write_their_state_and_end(tmp_path):
         job = subprocess.Popen(cmd, env=env, stderr=stderr, start_new_session=True)
     try:
         _wait_for(digests / "rank0.txt")  # training runs
-        ranks = _children(job.pid)  # torchrun starts each rank in a session of its own
+        ranks = child_pids(job.pid)  # torchrun starts each rank in a session of its own
         assert len(ranks) == 2, ranks
         job.kill()
         job.wait()
         deadline = time.monotonic() + 20
-        while any(_alive(pid) for pid in ranks) and time.monotonic() < deadline:
+        while any(running(pid) for pid in ranks) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not any(_alive(pid) for pid in ranks), err.read_text()[-3000:]
+        assert not any(running(pid) for pid in ranks), err.read_text()[-3000:]
     finally:
         for pid in [job.pid, *ranks]:
             with contextlib.suppress(ProcessLookupError):
