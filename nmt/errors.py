@@ -21,6 +21,12 @@ class SharedError(NMTError):
     the signal they stop for): rank 0 alone reports it."""
 
 
+class DamagedData(NMTError):
+    """Damage in the prepared data every torchrun rank reads (a shard cut short, a token id outside
+    the vocabulary), found by each rank whose batches touch it: at the same update, at another, or
+    never. Rank 0 reports it where it finds it too; another rank after the wait for that report."""
+
+
 def drop_failed_work(error: BaseException) -> None:
     """Free what the work that raised ``error`` still holds: its traceback keeps each finished frame's
     locals, the batch's activations among them, so a checkpoint written after running out of memory

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from nmt import distributed
 from nmt.distributed import World
-from nmt.errors import NMTError, SharedError
+from nmt.errors import DamagedData, NMTError, SharedError
 from nmt.signals import Interrupted, SignalPending, held_signals
 
 T = TypeVar("T")
@@ -37,7 +37,8 @@ class Stopped(NMTError):
     ``wait``: stay until torchrun ends this process (after the reporting rank has printed and
     exited) or ``REPORT_WAIT_S`` pass; not for a signal, where torchrun is already stopping every
     rank. ``fallback``: printed if the wait runs out, for an error the ranks could not agree on
-    (before they joined), in case the rank meant to report it did not fail."""
+    (before they joined, or damage in the data found during an update), in case the rank meant to
+    report it did not fail."""
 
     def __init__(self, exit_code: int, wait: bool = True, fallback: str = ""):
         super().__init__("")
@@ -155,6 +156,10 @@ def reported_once(world: World) -> Iterator[None]:
                 raise Stopped(e.exit_code, fallback=f"rank {world.rank}: {e}") from None
             raise
         if not world.is_main:
+            # Agreeing on every update's batches would cost a host synchronisation each: rank 0,
+            # reading the same data, reports the damage if it found it too, and this rank otherwise.
+            if isinstance(e, DamagedData):
+                raise Stopped(e.exit_code, fallback=f"rank {world.rank}: {e}") from None
             error = NMTError(f"rank {world.rank}: {e}")
             error.exit_code = e.exit_code
             raise error from None

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from nmt.errors import NMTError
+from nmt.errors import DamagedData, NMTError
 
 INDEX = "index.json"
 ARRAYS = ("src", "trg", "off")
@@ -96,7 +96,7 @@ class _NpyReader:
         size = self.dtype.itemsize
         data = os.pread(self.fd, (stop - start) * size, self.data_offset + start * size)
         if len(data) != (stop - start) * size:
-            raise NMTError(f"{self.path}: shard is shorter than its header says (truncated?)")
+            raise DamagedData(f"{self.path}: shard is shorter than its header says (truncated?)")
         return np.frombuffer(data, dtype=self.dtype)
 
     def close(self) -> None:

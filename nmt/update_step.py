@@ -15,7 +15,7 @@ import torch
 
 from nmt import distributed, rank_failures, testhooks
 from nmt.batching import derived_seed, make_batch
-from nmt.errors import NMTError, drop_failed_work, error_line
+from nmt.errors import DamagedData, drop_failed_work, error_line
 from nmt.loss import teacher_forced_loss
 from nmt.optimization import clip_gradients, exact_gradient_norm, gradient_norm, skip_nonfinite, skip_overflow
 from nmt.schedule import learning_rate
@@ -144,7 +144,7 @@ class UpdateStep:
         for ids, vocab in ((batch.src, self.data.src_tok.vocab_size), (batch.trg_out, self.data.trg_tok.vocab_size)):
             low, high = int(ids.min()), int(ids.max())
             if low < 0 or high >= vocab:
-                raise NMTError(
+                raise DamagedData(
                     f"{self.run.train_data_dir}: a training shard holds token id {low if low < 0 else high}, outside "
                     f"the vocabulary of {vocab}: the shard is damaged; delete that directory and train again to "
                     "encode the data anew"

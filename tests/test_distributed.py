@@ -22,7 +22,7 @@ from nmt import checkpoint, checkpoint_file, distributed, rank_failures
 from nmt.batching import token_batches
 from nmt.config import load_config
 from nmt.distributed import World, share
-from nmt.errors import NMTError
+from nmt.errors import DamagedData, NMTError
 from nmt.metrics import read_metrics
 from nmt.models.linear import onednn_available
 from nmt.prepare import prepare
@@ -443,8 +443,11 @@ def test_a_rank_reports_only_what_is_its_own(monkeypatch):
     assert isinstance(interrupted, Stopped) and interrupted.exit_code == 143 and str(interrupted) == ""
     assert isinstance(ended(NMTError("train.no_such_key: unknown key")), Stopped)  # before the ranks joined
     monkeypatch.setattr(distributed, "joined", True)
-    own = ended(NMTError("a training shard holds token id 999"))
-    assert str(own) == "rank 1: a training shard holds token id 999" and own.exit_code == 2
+    own = ended(NMTError("no GPU 1"))
+    assert str(own) == "rank 1: no GPU 1" and own.exit_code == 2
+    damaged = ended(DamagedData("a training shard holds token id 999"))  # rank 0 reports it if it found it too
+    assert isinstance(damaged, Stopped) and damaged.wait and damaged.exit_code == 2
+    assert damaged.fallback == "rank 1: a training shard holds token id 999"
     bug = ended(ValueError("a bug"))
     assert isinstance(bug, ValueError)  # with its traceback
     saved = PeerLost("rank 0: another rank stopped (see its message); checkpoint written at update 3; resume ...")
@@ -836,3 +839,56 @@ def test_ranks_waiting_to_join_one_that_failed_alone_end_at_torchrun_s_sigterm(s
     assert "exitcode  : -15" in failures or "<NO_OTHER_FAILURES>" in failures, failures
     assert "SIGKILL" not in failures, failures
     assert time.monotonic() - start < 25
+
+
+_DAMAGED_AFTER_UPDATE_1 = """
+import sys
+from pathlib import Path
+from nmt import rank_failures, shards, testhooks
+from nmt.cli import main
+
+rank_failures.REPORT_WAIT_S = float(sys.argv[1])
+finds, run_dir = sys.argv[2], Path(sys.argv[3])
+hook = testhooks.at_update
+
+
+def damage(rank, update, when):
+    hook(rank, update, when)
+    if (update, when) != (1, "end"):  # before the ranks agree on the clock: update 2 reads the damage
+        return
+    if finds == "both" and rank == 0:  # the shards cut short to their headers: every read falls short
+        for path in (run_dir / "data" / "train").glob("shard-*.src.npy"):
+            header = shards._NpyReader(path).data_offset
+            with open(path, "r+b") as f:
+                f.truncate(header)
+    if finds == "rank 1" and rank == 1:  # its own copy cut short, as on a machine of its own
+        read = shards.os.pread
+        shards.os.pread = lambda fd, n, offset: read(fd, n, offset)[:-1]
+
+
+testhooks.at_update = damage
+sys.exit(main(sys.argv[4:]))
+"""
+
+
+@pytest.mark.parametrize("finds", ["both", "rank 1"])
+def test_a_shard_found_cut_short_during_training_is_reported_once(setup, tmp_path, finds):
+    # Both ranks read the damaged shard at update 2 and both printed its line; a failure that only
+    # rank 1 finds must still be reported, by rank 1 (after its wait for rank 0's report).
+    root, config, _, _, env = setup
+    name = f"damaged-{finds.replace(' ', '-')}"
+    sets = _run_dir(setup, name)
+    script = tmp_path / "damaged.py"
+    script.write_text(_DAMAGED_AFTER_UPDATE_1)
+    wait_s = "60" if finds == "both" else "1"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", str(script), wait_s]
+    cmd += [finds, str(root / name), "train", "--config", str(config)] + [a for s in sets for a in ("--set", s)]
+    start = time.monotonic()
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
+    ours = done.stderr.split("ChildFailedError")[0]
+    assert done.returncode != 0 and "[rank" not in ours, ours[-3000:]
+    said = [line for line in ours.splitlines() if line.startswith("nmt train: error: ")]
+    reporter = "nmt train: error: " + ("rank 1: " if finds == "rank 1" else "") + str(root / name / "data" / "train")
+    shard = [line for line in said if "shard is shorter than its header says (truncated?)" in line]
+    assert len(shard) == 1 and shard[0].startswith(reporter), ours[-3000:]
+    assert time.monotonic() - start < 50  # rank 1 ended by torchrun, not at the end of its wait
