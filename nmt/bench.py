@@ -8,18 +8,46 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
 
 from nmt.config import Config
+from nmt.config_sources import apply_overrides
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, check_output, check_stdout, write_stdout
 from nmt.machine import machine, machine_name
 from nmt.models.linear import onednn_available, onednn_mm
+
+
+@dataclass(frozen=True)
+class ModelDecoding:
+    """The trained run ``--model`` names, and where and in which precision it is decoded: as
+    ``nmt translate --model RUN_DIR`` decodes it (device auto, the run's own train.precision),
+    unless a --set gave train.device or train.precision, which stand for translate's --device and
+    --precision. The config file's own values are the training benchmark's: a bf16 run was decoded
+    in the fp32 of the config it was benchmarked with."""
+
+    run: Path
+    device: str = "auto"  # "auto", or the --set's (decoded on the trainer's device: the CPU where it fell back)
+    precision: str | None = None  # None: the run's train.precision (load_translator's rule)
+
+
+def model_decoding(run: Path, cfg: Config, overrides: list[str]) -> ModelDecoding:
+    """How ``run`` is decoded by a bench of ``cfg``, read with these --set ``overrides``."""
+    given = apply_overrides({}, overrides)  # the dotted keys the --set options wrote
+
+    def by_set(key: str) -> bool:  # the key itself, or its whole section
+        return any(key == k or key.startswith(k + ".") for k in given)
+
+    return ModelDecoding(
+        run,
+        cfg.train.device if by_set("train.device") else "auto",
+        cfg.train.precision if by_set("train.precision") else None,
+    )
 
 
 def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=None, seconds: float = 1.0) -> float:
@@ -173,7 +201,7 @@ def bench_decoding(translator, lines: list[str], refs: list[str] | None, decode,
 
 def run_bench(
     cfg: Config,
-    model_dir: Path | None,
+    model: ModelDecoding | None,
     updates: int,
     warmup: int,
     decode_sentences: int | None,
@@ -181,14 +209,13 @@ def run_bench(
 ) -> dict:
     trainer = scratch_trainer(cfg, "bench", log)
     try:
-        return _bench(trainer, cfg, model_dir, updates, warmup, decode_sentences, log)
+        return _bench(trainer, cfg, model, updates, warmup, decode_sentences, log)
     finally:
         trainer.close()
 
 
-def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_sentences, log) -> dict:
-    from nmt.rundir import RunDir
-    from nmt.translate import Translator, load_translator
+def _bench(trainer, cfg: Config, model: ModelDecoding | None, updates: int, warmup: int, decode_sentences, log) -> dict:
+    from nmt.translate import Translator
 
     device, precision = trainer.device, trainer.precision
     info = machine(device)
@@ -226,31 +253,57 @@ def _bench(trainer, cfg: Config, model_dir, updates: int, warmup: int, decode_se
     src, trg, _ = clean_pairs(src, trg)
     if decode_sentences:
         src, trg = src[:decode_sentences], trg[:decode_sentences]
-    if model_dir is not None:
-        translator = load_translator(RunDir.existing(model_dir), cfg.train.device, cfg.train.precision, log)
-        report["decode_model"] = str(model_dir)
+    if model is not None:
+        translator = model_translator(model, trainer.device, log)
+        report["decode_model"] = str(model.run)
     else:
         log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")
         data, kernels = trainer.data, trainer.choice.decoding()
         translator = Translator(trainer.model, data.src_tok, data.trg_tok, device, precision, kernels=kernels)
         report["decode_model"] = None
     report["decoding_kernels"] = decoding_kernels(translator)
-    if model_dir is not None:  # as translate decodes that run, not in the scratch run's training choice above
-        k = report["decoding_kernels"]
-        log(
-            f"decoding {model_dir} as 'nmt translate' does: precision {k['precision']}, attention {k['attention']}, "
-            f"fp32 matmul {k['fp32_matmul']}"
-        )
     report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
     report["peak_memory_mb"] = _peak_memory_mb(device)
     log(f"peak memory: {report['peak_memory_mb']:.0f} MiB")
     return report
 
 
+def model_translator(model: ModelDecoding, trained_on: torch.device, log: Callable[[str], None]):
+    """The ``--model`` run loaded as 'nmt translate' loads it (``ModelDecoding``), and a log line
+    saying what it decodes in and why: the scratch run's training choice does not say it."""
+    from nmt.rundir import RunDir
+    from nmt.translate import load_translator
+
+    run = RunDir.existing(model.run)
+    device = "auto" if model.device == "auto" else trained_on.type
+    translator = load_translator(run, device, model.precision, log)
+    k = decoding_kernels(translator)
+    device_from = "auto" if model.device == "auto" else "--set train.device"
+    run_precision = run.config().train.precision
+    if model.precision is not None:
+        precision_from = "--set train.precision"
+    elif run_precision == "auto":
+        precision_from = "auto's choice, the run's train.precision"
+    elif run_precision == k["precision"]:
+        precision_from = "the run's train.precision"
+    else:  # load_translator warned why
+        precision_from = f"auto's choice: the run's train.precision {run_precision} cannot run here"
+    log(
+        f"decoding {model.run} as 'nmt translate' does: device {k['device']} ({device_from}), precision "
+        f"{k['precision']} ({precision_from}), attention {k['attention']}, fp32 matmul {k['fp32_matmul']}"
+    )
+    return translator
+
+
 def decoding_kernels(translator) -> dict:
-    """The precision, attention kernel and fp32 product library the decoding figures were taken in."""
+    """The device, precision, attention kernel and fp32 product library the decoding figures were taken in."""
     attention, fp32_matmul = translator.kernels or (translator.model.attention_kernel, translator.model.fp32_matmul)
-    return {"precision": translator.precision.name, "attention": attention, "fp32_matmul": fp32_matmul}
+    return {
+        "device": translator.device.type,
+        "precision": translator.precision.name,
+        "attention": attention,
+        "fp32_matmul": fp32_matmul,
+    }
 
 
 def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir: str | None) -> None:
@@ -272,19 +325,26 @@ def check_json_output(json_path: Path, cfg: Config, config_file: Path, model_dir
 
 
 def main(
-    cfg: Config, config_file: Path, model_dir: str | None, updates: int, warmup: int, decode_sentences, json_path, log
+    cfg: Config,
+    config_file: Path,
+    model: ModelDecoding | None,
+    updates: int,
+    warmup: int,
+    decode_sentences,
+    json_path,
+    log,
 ) -> None:
     from nmt import checkpoint_choice
     from nmt.rundir import RunDir
 
-    if model_dir is not None:  # a wrong run directory, or one with no model yet, is reported before any work
-        model_run = RunDir.existing(model_dir)
+    if model is not None:  # a wrong run directory, or one with no model yet, is reported before any work
+        model_run = RunDir.existing(model.run)
         checkpoint_choice.model_checkpoint(model_run, model_run.config())
     if json_path:
-        check_json_output(Path(json_path), cfg, config_file, model_dir)
+        check_json_output(Path(json_path), cfg, config_file, None if model is None else str(model.run))
     else:
         check_stdout("give --json FILE for the report")
-    report = run_bench(cfg, Path(model_dir) if model_dir else None, updates, warmup, decode_sentences, log)
+    report = run_bench(cfg, model, updates, warmup, decode_sentences, log)
     text = json.dumps(report, indent=1) + "\n"
     if json_path:
         atomic_write_bytes(Path(json_path), text.encode("utf-8"))

@@ -218,7 +218,11 @@ def _report_parsers(sub) -> None:
     )
     _add_config_options(p, "YAML config whose data and model to use")
     p.add_argument(
-        "--model", type=user_path, metavar="RUN_DIR", help="trained run to decode with (default: the untrained model)"
+        "--model",
+        type=user_path,
+        metavar="RUN_DIR",
+        help="trained run to decode with, as 'nmt translate' does: device auto, the run's precision and kernels "
+        "(--set train.device or train.precision overrides them; default: the untrained model)",
     )
     p.add_argument("--updates", type=positive_int, default=30, help="timed training updates (default 30)")
     p.add_argument("--warmup", type=positive_int, default=5, help="untimed updates first (default 5)")

@@ -296,7 +296,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     cfg = load_config(args.config, args.set)
     check_on_this_machine(cfg, args.config, args.set)
-    bench.main(cfg, Path(args.config), args.model, args.updates, args.warmup, args.decode_sentences, args.json, log)
+    model = None if args.model is None else bench.model_decoding(Path(args.model), cfg, args.set)
+    bench.main(cfg, Path(args.config), model, args.updates, args.warmup, args.decode_sentences, args.json, log)
     return 0
 
 

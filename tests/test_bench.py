@@ -92,6 +92,30 @@ def test_bench_reports_the_kernels_it_decoded_in_the_model_runs_own(tmp_path):
     assert decoded["precision"] == "fp32" and decoded["attention"] == "explicit"
 
 
+def test_bench_model_decodes_in_the_runs_precision_not_the_configs(tmp_path, monkeypatch, capsys):
+    """--model decodes as 'nmt translate --model RUN_DIR' does: in the run's train.precision (fp16
+    here), not the --config's fp32, which it was benchmarked in; a --set train.precision still
+    overrides, as translate's --precision does. The log line says which, and where it came from."""
+    from nmt import testhooks
+
+    monkeypatch.setenv(testhooks.FP16_ON_CPU, "1")
+    fixed = {"attention": "sdpa", "threads": 1, "fp32_matmul": "blas"}  # nothing to measure
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1, **fixed)
+    assert main(["train", "--config", str(config), "--set", "train.precision=fp16"]) == 0
+    out = tmp_path / "bench.json"
+    bench = ["bench", "--config", str(config), "--updates", "1", "--warmup", "1", "--decode-sentences", "2"]
+    bench += ["--model", str(tmp_path / "run"), "--json", str(out)]
+    capsys.readouterr()
+    assert main(bench) == 0
+    report = json.loads(out.read_text())
+    assert report["precision"] == "fp32"  # the training benchmark: the --config's
+    assert report["decoding_kernels"]["precision"] == "fp16" and report["decoding_kernels"]["device"] == "cpu"
+    assert "device cpu (auto), precision fp16 (the run's train.precision)" in capsys.readouterr().err
+    assert main([*bench, "--set", "train.precision=fp32"]) == 0
+    assert json.loads(out.read_text())["decoding_kernels"]["precision"] == "fp32"
+    assert "precision fp32 (--set train.precision)" in capsys.readouterr().err
+
+
 def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
     assert main(["train", "--config", str(config), "--set", f"run_dir={tmp_path / 'run-bench'}"]) == 0
