@@ -87,6 +87,7 @@ class Report:
         width = max((len(c) for c, _, _ in self.rows), default=0)
         for check, verdict, text in self.rows:
             print(f"{verdict:5} {check:{width}}  {text}", flush=True)
+        print(f"gpu-check: results in {out / 'gpu_check.json'}", flush=True)
         return 1 if self.failed else 0
 
 
@@ -414,7 +415,14 @@ def run_checks(report: Report, args: argparse.Namespace, device: str) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
-    parser.add_argument("--out", type=Path, default=ROOT / "runs" / "gpu-check", help="scratch directory")
+    # Relative to the working directory, as every nmt run_dir is: the checkout's runs/ was a surprise
+    # from elsewhere, and no place to write in an installed copy.
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=Path("runs") / "gpu-check",
+        help="the runs' scratch directory and gpu_check.json (default: runs/gpu-check in the working directory)",
+    )
     parser.add_argument("--quick", action="store_true", help="the same logic on a CPU with small sizes")
     parser.add_argument(
         "--max-minutes",
@@ -429,7 +437,11 @@ def main() -> int:
         print(f"gpu-check: error: {message}", file=sys.stderr)
         return 2
     device = "cpu" if args.quick else "cuda"
-    args.out.mkdir(parents=True, exist_ok=True)
+    try:
+        args.out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        print(f"gpu-check: error: --out {args.out}: cannot be made a directory ({e.strerror})", file=sys.stderr)
+        return 2
     os.environ.setdefault("NMT_CACHE_DIR", str(args.out / "cache"))
     report = Report()
     start = time.perf_counter()

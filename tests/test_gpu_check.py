@@ -131,6 +131,8 @@ def _summary(text: str) -> dict[str, tuple[str, str]]:
     """check -> (verdict, figures) from the summary screen, where columns are two spaces apart."""
     rows = {}
     for line in text.split("== gpu-check on")[1].splitlines()[1:]:
+        if line.startswith("gpu-check: results in "):  # the screen's last line, no row
+            break
         verdict, rest = line.split(" ", 1)
         check, _, figures = rest.strip().partition("  ")
         rows[check] = (verdict, figures.strip())
@@ -324,3 +326,25 @@ def test_without_a_gpu_the_one_line_error_goes_to_stderr(tmp_path, monkeypatch, 
     captured = capsys.readouterr()
     assert captured.out == ""
     assert captured.err.startswith("gpu-check: error: no CUDA GPU is visible") and captured.err.count("\n") == 1
+
+
+def test_out_defaults_to_runs_under_the_working_directory_and_is_named(tmp_path, monkeypatch, capsys):
+    """Run from elsewhere than the checkout, the results go where the user is (runs/gpu-check, as
+    every nmt run_dir is read), not into the checkout's runs/, and the summary says where."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("NMT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(gpu_check, "run_checks", lambda report, args, device: report.add("a check", True, "fine"))
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick", "--data", str(tmp_path / "nowhere")])
+    assert gpu_check.main() == 0
+    written = tmp_path / "runs" / "gpu-check" / "gpu_check.json"
+    assert json.loads(written.read_text())["rows"] == [["a check", "PASS", "fine"]]
+    assert capsys.readouterr().out.splitlines()[-1] == f"gpu-check: results in {written}"
+
+
+def test_an_out_that_cannot_be_a_directory_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    taken = tmp_path / "taken"
+    taken.write_text("a file\n")
+    monkeypatch.setattr(sys, "argv", ["gpu_check.py", "--quick", "--out", str(taken / "gpu-check")])
+    assert gpu_check.main() == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"gpu-check: error: --out {taken / 'gpu-check'}: ") and err.count("\n") == 1, err
