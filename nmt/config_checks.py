@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from nmt.corpus import resolve_format
-from nmt.corpus_spec import hf_keys_changed
+from nmt.corpus_spec import CorpusConfig, hf_keys_changed
 from nmt.errors import NMTError
 from nmt.hf_corpus import check_local_revision, check_saved_config, check_saved_split
 from nmt.models import TransformerConfig
@@ -120,6 +120,35 @@ def check_case_folding_scoring(cfg: Config) -> None:
         raise NMTError(
             f"config key 'decode.bleu_lowercase': tokenizer.normalization '{cfg.tokenizer.normalization}' "
             "lower-cases the translations; set it true so that dev BLEU and chrF ignore case"
+        )
+
+
+def check_held_out_corpora(cfg: Config) -> None:
+    """A dev or test Hugging Face dataset that reads what ``data.train`` reads: the same dataset,
+    configuration, revision and split. A ``split`` left out defaults to ``train``, so ``dev: DIR``
+    on a saved DatasetDict, or a hub dataset named without ``split``, would silently rank the
+    checkpoints (or score the run) on training pairs. Plain and TSV corpora name their files, so
+    their sameness is the user's choice (a memorization check), not a key left out. Checked as a
+    run starts: needs anchored paths."""
+    d = cfg.data
+
+    def format_of(spec: CorpusConfig) -> str | None:
+        try:
+            return resolve_format(spec, d.src_lang, d.trg_lang)
+        except NMTError:  # no such corpus yet: reading it will say so
+            return None
+
+    if format_of(d.train) != "hf":
+        return
+    train = (d.train.path, d.train.hf_config, d.train.revision, d.train.split)
+    for split in ("dev", "test"):
+        spec = getattr(d, split)
+        if spec is None or (spec.path, spec.hf_config, spec.revision, spec.split) != train or format_of(spec) != "hf":
+            continue
+        raise NMTError(
+            f"config key 'data.{split}': reads split '{spec.split}' of {spec.path}, the same data as data.train, "
+            f"so {split} scores would be measured on training pairs: name its own split "
+            f"(data.{split}.split, e.g. validation or test) or dataset"
         )
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from nmt.config import Config, CorpusConfig, config_to_dict
-from nmt.config_checks import check_case_folding_scoring
+from nmt.config_checks import check_case_folding_scoring, check_held_out_corpora
 from nmt.config_sources import apply_overrides, read_yaml
 from nmt.corpus import local_corpus_gone
 from nmt.errors import NMTError
@@ -87,9 +87,11 @@ def check_resumable(old: Config, new: Config) -> None:
 
 
 def check_new_run_scoring(cfg: Config, config_file: Path | None) -> None:
-    """``check_case_folding_scoring`` for a run that has ranked no scores yet, naming the config file."""
+    """``check_case_folding_scoring`` and ``check_held_out_corpora`` for a run that has ranked no
+    scores yet, naming the config file: a run already trained resumes on the data it started with."""
     try:
         check_case_folding_scoring(cfg)
+        check_held_out_corpora(cfg)
     except NMTError as e:
         if config_file is None:
             raise

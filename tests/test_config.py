@@ -696,6 +696,30 @@ def test_a_split_of_a_saved_dataset_without_splits_is_an_error_naming_the_key(tm
     assert load_config(path, ["data.dev.split=train"]).data.dev.split == "train"
 
 
+@pytest.mark.parametrize("split", ["dev", "test"])
+def test_a_held_out_dataset_reading_the_training_split_is_refused_as_a_run_starts(tmp_path, monkeypatch, capsys, split):
+    # 'dev: ds' on a saved DatasetDict takes split's default, train: dev BLEU would rank checkpoints on training pairs.
+    datasets = pytest.importorskip("datasets")
+    monkeypatch.chdir(tmp_path)
+    pairs = {"de": ["ein Haus", "ein Hund"], "en": ["a house", "a dog"]}
+    splits = {name: datasets.Dataset.from_dict(pairs) for name in ("train", "validation", "test")}
+    datasets.DatasetDict(splits).save_to_disk(str(tmp_path / "ds"))
+    held_out = {"dev": "{path: ds, split: validation}", "test": "{path: ds, split: test}"}
+    held_out[split] = "ds"
+    path = write(
+        tmp_path,
+        f"run_dir: run\ndata: {{train: ds, dev: {held_out['dev']}, test: {held_out['test']}}}\n"
+        "tokenizer: {vocab_size: 20}\ntrain: {max_updates: 5, warmup_updates: 1}\n",
+    )
+    capsys.readouterr()  # save_to_disk's progress bars
+    assert main(["prepare", "--config", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    assert f"c.yaml: config key 'data.{split}': reads split 'train' of {tmp_path / 'ds'}, the same data as" in err
+    assert f"name its own split (data.{split}.split" in err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+
+
 @pytest.mark.parametrize("split", ["train", "dev", "test"])
 def test_a_configuration_named_for_a_saved_dataset_is_an_error_naming_the_key(tmp_path, monkeypatch, split):
     datasets = pytest.importorskip("datasets")
