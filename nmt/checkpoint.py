@@ -18,6 +18,7 @@ from nmt.errors import NMTError
 from nmt.saved_numbers import is_number, is_whole_number
 
 _UPDATE_RE = re.compile(r"^(update|best)_(\d{8})\.pt$")  # average_*.pt files are named in index.json
+_REREADS = 10  # a trainer replaces its best once per validation: more in one read is no race
 
 
 def best_rank(bleu: float, loss: float | None) -> tuple[float, float]:
@@ -289,23 +290,44 @@ class CheckpointManager:
         self._remove_retired(index)
         return path
 
+    def _ranked(self) -> tuple[list[dict], bool]:
+        """The best checkpoints the index records, best first (``best_rank``), and whether the first one's
+        file is there (True where none is recorded). A file missing is looked for in the index read
+        again: a trainer names a new best there before it deletes the one it pushed out."""
+        for _ in range(_REREADS):
+            index = self.read_index()
+            ranked = sorted(index.get("best", []), key=_rank, reverse=True)
+            if not ranked or (self.directory / ranked[0]["file"]).exists():
+                return ranked, True
+            if self.read_index() == index:
+                break
+        return ranked, False
+
     def best_path(self) -> Path | None:
-        """The best single checkpoint (the index is kept in ``best_rank`` order)."""
-        for b in self.read_index().get("best", []):
-            path = self.directory / b["file"]
-            if path.exists():
-                return path
-        found = list_checkpoints(self.directory, "best")
-        return found[0].path if found else None
+        """The best single checkpoint: the one the index ranks first, or where it records none (a kill
+        between the first best_*.pt and its record) the newest best_*.pt. One ranked first but missing is
+        an error naming it, though lower ones are kept (``keep_best``): they are not the model ranked."""
+        return self._best_of(*self._ranked())
+
+    def _best_of(self, ranked: list[dict], present: bool) -> Path | None:
+        if not ranked:
+            found = list_checkpoints(self.directory, "best")
+            return found[0].path if found else None
+        if not present:
+            kept = [b["file"] for b in ranked[1:] if (self.directory / b["file"]).exists()]
+            take = f"--checkpoint {kept[0]} takes the next best kept; " if kept else ""
+            raise NMTError(
+                f"{self.directory / ranked[0]['file']}: the run's best checkpoint (recorded in index.json) is "
+                f"missing: restore it ({take}translate, eval-bleu and tune-decode also take --checkpoint last, "
+                "average or a file name)"
+            )
+        return self.directory / ranked[0]["file"]
 
     def missing_best(self) -> Path | None:
-        """The best checkpoint the index records first where none of those it records is there (deleted,
-        left out of a copy of the run); None where one is, or none is recorded. Translation's ``auto``
-        and ``best`` refuse the run then: its ranking names no file to load."""
-        recorded = self.read_index().get("best", [])
-        if recorded and self.best_path() is None:
-            return self.directory / recorded[0]["file"]
-        return None
+        """The best checkpoint the index ranks first where its file is missing (deleted, left out of a copy
+        of the run), else None: translation's ``auto`` and ``best`` refuse the run then (``best_path``)."""
+        ranked, present = self._ranked()
+        return None if present else self.directory / ranked[0]["file"]
 
     def best_score(self) -> float:
         """The best single checkpoint's dev score (-inf before the first validation)."""
@@ -320,9 +342,10 @@ class CheckpointManager:
 
     def model_path(self) -> Path | None:
         """What translation uses by default: the averaged model where its dev score beats the best
-        single checkpoint's, else the best single one."""
-        best, average = self.best_path(), self.average_path()
-        if average is not None and (best is None or average[1] > self.best_score()):
+        single checkpoint's (the one ``best_path`` loads, read from the same index), else that one."""
+        ranked, present = self._ranked()
+        best, average = self._best_of(ranked, present), self.average_path()
+        if average is not None and (not ranked or average[1] > ranked[0]["score"]):
             return average[0]
         return best
 

@@ -35,13 +35,7 @@ def model_checkpoint(run: RunDir, cfg: Config, which: str = "auto") -> Path:
         return found[0]
     if which == "last":
         path = latest[0].path if latest else None
-    elif which in ("auto", "best"):
-        missing = manager.missing_best()
-        if missing is not None:
-            raise NMTError(
-                f"{missing}: the run's best checkpoint (recorded in index.json) is missing: restore it "
-                "(translate, eval-bleu and tune-decode also take --checkpoint last, average or a file name)"
-            )
+    elif which in ("auto", "best"):  # the best one ranked first missing is an error naming it (best_path)
         path = manager.model_path() if which == "auto" else manager.best_path()
         path = path or (latest[0].path if latest else None)
     else:

@@ -244,20 +244,33 @@ def test_a_kill_before_the_average_s_metrics_record_leaves_a_resume_that_writes_
         assert averages[0]["update"] == 20 and averages[0]["dev_bleu"] == average["score"]
 
 
-def test_nmt_average_on_a_run_whose_best_checkpoint_is_missing_says_so(run, tmp_path, capsys):
+@pytest.mark.parametrize("lower_kept", [False, True])
+def test_nmt_average_on_a_run_whose_best_checkpoint_is_missing_says_so(run, tmp_path, capsys, lower_kept):
     # index.json names best_*.pt, the file is gone: the average was ranked against its score and
     # 'the best single checkpoint stays the default' was said, though translate's auto fails for it.
+    # With a lower best kept (keep_best above 1), auto and best loaded that one, saying nothing.
     copied = tmp_path / "run"
     shutil.copytree(run / "run", copied, ignore=shutil.ignore_patterns("best_*", "average_*"))
     index_path = copied / "checkpoints" / "index.json"
     index = json.loads(index_path.read_text())
+    recorded = index["best"][0]["file"]
+    if lower_kept:  # the second best of keep_best 2, ranked below the one missing
+        for suffix in ("", ".sha256"):
+            shutil.copy(
+                run / "run" / "checkpoints" / (recorded + suffix), copied / "checkpoints" / f"best_00000005.pt{suffix}"
+            )
+        index["best"].append({"file": "best_00000005.pt", "score": -1.0, "update": 5})
     index_path.write_text(json.dumps({k: v for k, v in index.items() if k != "average"}))
     assert main(["average", "--model", str(copied), "--last", "2"]) == 0
     [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("average of updates 30, 40")]
-    recorded = index["best"][0]["file"]
     assert f"the best single checkpoint recorded in index.json, {recorded}, is missing" in line
     assert "default" not in line and "--checkpoint average" in line
     translate = ["translate", "--model", str(copied), "-i", str(run / "data" / "train.de"), "--beam-size", "1"]
-    assert main([*translate, "--checkpoint", "auto"]) == 2
-    assert "the run's best checkpoint (recorded in index.json) is missing" in capsys.readouterr().err
+    for which in ("auto", "best"):
+        assert main([*translate, "--checkpoint", which]) == 2
+        err = capsys.readouterr().err
+        assert f"{recorded}: the run's best checkpoint (recorded in index.json) is missing" in err
+        assert ("--checkpoint best_00000005.pt takes the next best kept" in err) == lower_kept
+    if lower_kept:
+        assert main([*translate, "--checkpoint", "best_00000005.pt"]) == 0
     assert main([*translate, "--checkpoint", "average"]) == 0

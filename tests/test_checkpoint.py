@@ -284,6 +284,39 @@ def test_a_best_checkpoint_saved_again_after_a_resume_is_kept(tmp_path, keep_bes
         )
 
 
+def test_a_missing_best_ranked_first_is_named_though_lower_ones_are_kept(tmp_path):
+    """keep_best 3, best_2 (dev BLEU 40) deleted: auto ranked the average (30) against 40 and loaded
+    best_3 (20), which the average beats, and best loaded best_3 as the best, both saying nothing."""
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=3)
+    for update, score in ((1, 10.0), (2, 40.0), (3, 20.0)):
+        assert m.save_best(payload(float(update)), update, score=score)
+    m.save_average(payload(9.0), "average_last_3.pt", 30.0, [1, 2, 3], by_training=True)
+    assert m.model_path() == m.best_path() == tmp_path / "best_00000002.pt"
+    (tmp_path / "best_00000002.pt").unlink()
+    for choose in (m.model_path, m.best_path):
+        with pytest.raises(NMTError) as refused:
+            choose()
+        assert str(refused.value).startswith(f"{tmp_path / 'best_00000002.pt'}: the run's best checkpoint")
+        assert "--checkpoint best_00000003.pt takes the next best kept" in str(refused.value)
+    assert m.missing_best() == tmp_path / "best_00000002.pt"
+    for lower in ("best_00000003.pt", "best_00000001.pt"):  # none kept to name: the advice alone
+        (tmp_path / lower).unlink()
+    with pytest.raises(NMTError, match=r"missing: restore it \(translate, eval-bleu"):
+        m.best_path()
+
+
+def test_a_best_replaced_as_its_index_is_read_is_no_missing_best(tmp_path, monkeypatch):
+    # keep_best 1: a reader reads the index, the trainer names a new best and deletes the one before
+    m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
+    assert m.save_best(payload(1.0), 1, score=10.0)
+    stale = m.read_index()
+    assert m.save_best(payload(2.0), 2, score=20.0) and not (tmp_path / "best_00000001.pt").exists()
+    read = m.read_index
+    reads = iter([stale])
+    monkeypatch.setattr(m, "read_index", lambda: next(reads, None) or read())
+    assert m.best_path() == tmp_path / "best_00000002.pt"
+
+
 def test_resume_falls_back_past_a_corrupt_newest(tmp_path):
     m = checkpoint.CheckpointManager(tmp_path, keep_last=3, keep_best=1)
     m.save_state(payload(1.0), 1)
