@@ -37,6 +37,9 @@ class RunSummary:
     test: dict = field(default_factory=dict)  # bleu, chrf, signatures
     test_decoding: str = ""  # the settings the test score was decoded with
     decode_sentences_per_s: dict = field(default_factory=dict)  # greedy, beam5
+    # The last average training made (its "average" record: update, dev_bleu, updates) and "auto_takes":
+    # the checkpoint test was decoded with, --checkpoint auto's choice between it and the best single one.
+    average: dict | None = None
 
 
 def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
@@ -44,7 +47,8 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     from nmt.validation import dev_digest
 
     run_dir = run.path
-    train, valid = read_metrics(run_dir)
+    averages: list[dict] = []
+    train, valid = read_metrics(run_dir, averages=averages)
     if not train:
         raise NMTError(f"{run_dir}: the run has no training updates logged")
     writer = run.writer()
@@ -63,6 +67,10 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
         curve=valid,
         direction=f"{cfg.data.src_lang}->{cfg.data.trg_lang}",
     )
+    if averages:
+        taken = translator.checkpoint.name if translator.checkpoint is not None else "-"
+        summary.average = {**averages[-1], "auto_takes": taken}
+        summary.average.pop("type", None)
     spec = cfg.data.test
     if spec is None:
         log(f"{run_dir}: no data.test in its config: test BLEU and decoding speed skipped")
@@ -97,10 +105,14 @@ def decoding_label(beam_size: int, length_penalty: float) -> str:
 
 
 def markdown_table(runs: list[RunSummary]) -> str:
+    averaged = any(r.average for r in runs)  # the columns only where a run has one: others' table is as before
     head = (
         "| run | model | parameters | training time | updates | target tokens/s | best dev BLEU "
-        "| test decoding | test BLEU | test chrF | greedy sent/s | beam-5 sent/s |\n"
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | ---: | ---: |\n"
+        + "| average dev BLEU | auto takes " * averaged
+        + "| test decoding | test BLEU | test chrF | greedy sent/s | beam-5 sent/s |\n"
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: "
+        + "| ---: | --- " * averaged
+        + "| --- | ---: | ---: | ---: | ---: |\n"
     )
 
     def number(value: float | None, digits: int = 2) -> str:
@@ -109,9 +121,12 @@ def markdown_table(runs: list[RunSummary]) -> str:
     rows = []
     for r in runs:
         best = max((v["dev_bleu"] for v in r.curve), default=None)
+        average = r.average or {}
+        average_cells = f"| {number(average.get('dev_bleu'))} | {average.get('auto_takes', '-')} " * averaged
         rows.append(
             f"| {r.name} | {r.model_type} | {r.parameters / 1e6:.2f}M | {r.train_seconds / 60:.1f} min | {r.updates} "
-            f"| {r.trg_tokens_per_s:.0f} | {number(best)} | {r.test_decoding or '-'} | {number(r.test.get('bleu'))} "
+            f"| {r.trg_tokens_per_s:.0f} | {number(best)} {average_cells}"
+            f"| {r.test_decoding or '-'} | {number(r.test.get('bleu'))} "
             f"| {number(r.test.get('chrf'))} | {number(r.decode_sentences_per_s.get('greedy'), 1)} "
             f"| {number(r.decode_sentences_per_s.get('beam5'), 1)} |"
         )
@@ -122,7 +137,19 @@ def markdown_table(runs: list[RunSummary]) -> str:
         if signature
         else ""
     )
+    if averaged:
+        foot += (
+            "\nAverage dev BLEU: the model training averaged from its last checkpoints as it ended "
+            "(`train.average_last`), scored on dev as its validations; auto takes: the checkpoint test was decoded "
+            "with (`--checkpoint auto`: the average where its dev BLEU beats the best single checkpoint's, else the "
+            "best).\n"
+        )
     return head + "\n".join(rows) + "\n" + foot
+
+
+def _record(run: RunSummary) -> dict:
+    """What compare.json holds of ``run``: a run without an average is recorded as before averages were."""
+    return {key: value for key, value in run.__dict__.items() if key != "average" or value is not None}
 
 
 def _not_comparable(runs: list[RunSummary]) -> str:
@@ -154,10 +181,14 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
     """dev BLEU over wall time and over updates, written atomically to ``path`` (PNG)."""
     plt = _pyplot()
     fig, (by_time, by_update) = plt.subplots(1, 2, figsize=(11, 4))
-    for r in runs:
-        label = f"{r.name} ({r.model_type})"
-        by_time.plot([v["elapsed"] / 60 for v in r.curve], [v["dev_bleu"] for v in r.curve], marker="o", label=label)
-        by_update.plot([v["update"] for v in r.curve], [v["dev_bleu"] for v in r.curve], marker="o", label=label)
+    for i, r in enumerate(runs):
+        label, color = f"{r.name} ({r.model_type})", f"C{i % 10}"  # the default colours, kept by the stars
+        for ax, x in ((by_time, [v["elapsed"] / 60 for v in r.curve]), (by_update, [v["update"] for v in r.curve])):
+            ax.plot(x, [v["dev_bleu"] for v in r.curve], color=color, marker="o", label=label)
+        if r.average:  # a star at the average training made, at the wall time of the validation it followed
+            star = {"color": color, "marker": "*", "markersize": 11, "linestyle": "none", "label": f"{label}: average"}
+            by_time.plot([_minutes_at(r.average["update"], r.curve)], [r.average["dev_bleu"]], **star)
+            by_update.plot([r.average["update"]], [r.average["dev_bleu"]], **star)
     by_time.set_xlabel("training wall time (minutes)")
     by_update.set_xlabel("updates")
     for ax in (by_time, by_update):
@@ -167,6 +198,10 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
+
+
+def _minutes_at(update: int, curve: list[dict]) -> float:
+    return max((v["elapsed"] for v in curve if v["update"] <= update), default=0.0) / 60
 
 
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:
@@ -189,6 +224,6 @@ def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> 
     figure = out_dir / "compare.png"
     plot_curves(runs, figure)
     atomic_write_bytes(out_dir / "compare.md", (table + f"\n![dev BLEU]({figure.name})\n").encode("utf-8"))
-    atomic_write_bytes(out_dir / "compare.json", json.dumps([r.__dict__ for r in runs], indent=1).encode("utf-8"))
+    atomic_write_bytes(out_dir / "compare.json", json.dumps([_record(r) for r in runs], indent=1).encode("utf-8"))
     log(f"wrote {out_dir / 'compare.md'}, {figure}")
     return table

@@ -139,8 +139,11 @@ class LeftOut:
     cut_short: bool = False  # the last line, without its newline: a run stopped (or still writing) mid-line
 
 
-def read_metrics(run_dir: Path, left_out: list[LeftOut] | None = None) -> tuple[list[dict], list[dict]]:
-    """The train and the valid records of a run, in the order written.
+def read_metrics(
+    run_dir: Path, left_out: list[LeftOut] | None = None, averages: list[dict] | None = None
+) -> tuple[list[dict], list[dict]]:
+    """The train and the valid records of a run, in the order written; with ``averages``, its average
+    records (those with a numeric update and dev_bleu) are put there.
 
     Safe on a run still training: a last line without its newline is being written and is left
     out. Records a resumed run went back over (it restarted from a checkpoint older than its last
@@ -155,7 +158,7 @@ def read_metrics(run_dir: Path, left_out: list[LeftOut] | None = None) -> tuple[
         data = path.read_bytes()
     except OSError as e:
         raise NMTError(f"{path}: cannot read ({e.strerror})") from None
-    return parse_metrics(data, path, left_out)
+    return parse_metrics(data, path, left_out, averages)
 
 
 def validations_trained_on(path: Path) -> tuple[int, int]:
@@ -199,7 +202,9 @@ def has_record(path: Path, record: dict) -> bool:
     return False
 
 
-def parse_metrics(data: bytes, path: Path, left_out: list[LeftOut] | None = None) -> tuple[list[dict], list[dict]]:
+def parse_metrics(
+    data: bytes, path: Path, left_out: list[LeftOut] | None = None, averages: list[dict] | None = None
+) -> tuple[list[dict], list[dict]]:
     """See ``read_metrics``."""
     lines = data.split(b"\n")
     torn = lines.pop()  # b"" when the file ends with a newline
@@ -208,7 +213,7 @@ def parse_metrics(data: bytes, path: Path, left_out: list[LeftOut] | None = None
 
     def take(line: bytes, number: int) -> None:
         try:
-            _add(_whole_record(line, path, number), train, valid, path, number)
+            _add(_whole_record(line, path, number), train, valid, path, number, averages)
         except BadLine as e:
             if left_out is None:
                 raise
@@ -260,10 +265,14 @@ def _whole_record(line: bytes, path: Path, number: int) -> dict:
     return _checked_fields(_parse_line(line, path, number), path, number)
 
 
-def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number: int) -> None:
+def _add(
+    record: dict, train: list[dict], valid: list[dict], path: Path, number: int, averages: list[dict] | None = None
+) -> None:
     kind = record.get("type")
+    if kind == "average" and averages is not None and all(is_number(record.get(k)) for k in ("update", "dev_bleu")):
+        averages.append(record)
     if kind not in ("train", "valid"):
-        return  # a record type of a later version
+        return  # an average (above), or a record type of a later version
     for key in ("update", "elapsed"):
         if not is_number(record.get(key)):
             raise BadLine(path, number, f"{kind} record without a numeric '{key}'")
@@ -274,6 +283,8 @@ def _add(record: dict, train: list[dict], valid: list[dict], path: Path, number:
         train.pop()
     while valid and valid[-1]["update"] >= update:
         valid.pop()
+    while averages and averages[-1]["update"] >= update:  # made at the end of a session gone back over
+        averages.pop()
     (train if kind == "train" else valid).append(record)
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from nmt.metrics import (
     read_metrics,
     scalar_series,
 )
+from nmt.saved_numbers import is_number
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -41,6 +42,7 @@ class RunCurves:
     seconds: float
     validations: int
     best_bleu: float | None
+    averages: list[dict] = field(default_factory=list)  # training's averaged models, with the elapsed seconds
 
 
 def figure_file(scalar: Scalar) -> str:
@@ -82,7 +84,8 @@ def load_run(run_dir: Path, label: str, log: Callable[[str], None] | None = None
     """A run's curves from its metrics.jsonl; lines that are not whole records are left out, and
     ``log`` told so."""
     left_out: list[LeftOut] = []
-    train, valid = read_metrics(run_dir, left_out)
+    averages: list[dict] = []
+    train, valid = read_metrics(run_dir, left_out, averages)
     for note in left_out_notes(Path(run_dir) / METRICS_FILE, left_out) if log is not None else ():
         log(note)
     bleus = [v["dev_bleu"] for v in valid if isinstance(v.get("dev_bleu"), (int, float))]
@@ -94,7 +97,14 @@ def load_run(run_dir: Path, label: str, log: Callable[[str], None] | None = None
         seconds=max((float(r["elapsed"]) for r in train + valid), default=0.0),
         validations=len(valid),
         best_bleu=max(bleus) if bleus else None,
+        averages=[{**a, "elapsed": _elapsed_at(a["update"], train + valid)} for a in averages],
     )
+
+
+def _elapsed_at(update: int, records: list[dict]) -> float:
+    """The wall time of an average record, which has none: that of its update's last record (the
+    validation just before it), as the average is made once training ends."""
+    return max((float(r["elapsed"]) for r in records if r["update"] <= update), default=0.0)
 
 
 def smoothing_window(points: int) -> int:
@@ -134,6 +144,7 @@ def scalar_figure(scalar: Scalar, runs: list[RunCurves]) -> Figure | None:
                 ax.plot(x, moving_average(y, window), color=color, linewidth=1.5, label=run.label)
             else:
                 ax.plot(x, y, color=color, linewidth=1.2, label=run.label)
+        _mark_averages(scalar, run, color, by_update, by_time)
     by_update.set_xlabel(UPDATES_LABEL)
     by_time.set_xlabel(TIME_LABEL)
     for ax in (by_update, by_time):
@@ -148,6 +159,19 @@ def scalar_figure(scalar: Scalar, runs: list[RunCurves]) -> Figure | None:
     return fig
 
 
+def _mark_averages(scalar: Scalar, run: RunCurves, color: str, by_update, by_time) -> None:
+    """A star at each average training made of its last checkpoints (``train.average_last``) that
+    holds ``scalar`` (its dev BLEU), beside the validations' curve: auto translates with it where it
+    is above their best."""
+    marked = [a for a in run.averages if scalar.kind == "valid" and is_number(a.get(scalar.key))]
+    if not marked:
+        return
+    y = [float(a[scalar.key]) for a in marked]
+    label = f"{run.label}: average of its last checkpoints"
+    for ax, x in ((by_update, [a["update"] for a in marked]), (by_time, [a["elapsed"] / 60 for a in marked])):
+        ax.plot(x, y, color=color, marker="*", markersize=11, linestyle="none", label=label)
+
+
 def save_png(fig: Figure, path: Path) -> None:
     """Rendered to a temporary file beside ``path``, then renamed: never a half-written PNG."""
     try:
@@ -157,15 +181,18 @@ def save_png(fig: Figure, path: Path) -> None:
 
 
 def index_markdown(runs: list[RunCurves], figures: list[tuple[Scalar, str]], skipped: list[Scalar]) -> str:
+    averaged = any(r.averages for r in runs)  # the column only where a run has one: others' index is as before
     lines = [
         "# Training curves",
         "",
-        "| run | directory | updates | wall time | validations | best dev BLEU |",
-        "| --- | --- | ---: | ---: | ---: | ---: |",
+        "| run | directory | updates | wall time | validations | best dev BLEU |" + (" average dev BLEU |" * averaged),
+        "| --- | --- | ---: | ---: | ---: | ---: |" + (" ---: |" * averaged),
     ]
     for r in runs:
         best = "-" if r.best_bleu is None else f"{r.best_bleu:.2f}"
-        lines.append(f"| {r.label} | {r.path} | {r.updates} | {r.seconds / 60:.1f} min | {r.validations} | {best} |")
+        row = f"| {r.label} | {r.path} | {r.updates} | {r.seconds / 60:.1f} min | {r.validations} | {best} |"
+        average = f" {r.averages[-1]['dev_bleu']:.2f} |" if r.averages else " - |"
+        lines.append(row + average * averaged)
     lines.append("")
     for scalar, name in figures:
         lines += [f"## {scalar.title}", "", f"![{scalar.label}]({name})", ""]

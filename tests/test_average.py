@@ -52,6 +52,51 @@ def test_training_ends_with_the_average_of_its_last_checkpoints(run):
     assert [r["type"] for r in records].count("average") == 1
 
 
+@pytest.mark.parametrize("average_wins", [True, False])
+def test_compare_shows_the_average_training_made_and_which_one_auto_takes(run, tmp_path, capsys, average_wins):
+    # 'nmt compare' left the "average" record out: its table said nothing of the model auto decodes test with
+    copied = tmp_path / "run"
+    shutil.copytree(run / "run", copied)
+    index_path = copied / "checkpoints" / "index.json"
+    index = json.loads(index_path.read_text())
+    best = index["best"][0]
+    score = best["score"] + 1 if average_wins else -1.0  # the index ranks them for auto
+    index["average"] = {"file": "average_last_3.pt", "score": score, "updates": [20, 30, 40], "by_training": True}
+    index_path.write_text(json.dumps(index))
+    records = [json.loads(line) for line in (copied / "metrics.jsonl").read_text().splitlines()]
+    [record] = [r for r in records if r["type"] == "average"]
+    assert main(["compare", str(copied), "--out", str(tmp_path / "report")]) == 0
+    capsys.readouterr()
+    table = (tmp_path / "report" / "compare.md").read_text().splitlines()
+    assert "| best dev BLEU | average dev BLEU | auto takes | test decoding |" in table[0]
+    cells = [c.strip() for c in table[2].split("|")]
+    taken = "average_last_3.pt" if average_wins else best["file"]
+    assert cells[7:10] == [f"{best['score']:.2f}", f"{record['dev_bleu']:.2f}", taken]
+    assert any(line.startswith("Average dev BLEU: the model training averaged") for line in table)
+    [summary] = json.loads((tmp_path / "report" / "compare.json").read_text())
+    assert summary["average"] == {
+        "update": 40,
+        "dev_bleu": record["dev_bleu"],
+        "best_bleu": record["best_bleu"],
+        "updates": [20, 30, 40],
+        "auto_takes": taken,
+    }
+
+
+def test_compare_tables_of_runs_without_an_average_are_as_before():
+    from nmt.compare import RunSummary, _record, markdown_table
+
+    plain = RunSummary("a", "rnn", 1_000_000, 60.0, 10, 5.0, curve=[{"dev_bleu": 3.0}])
+    head = (
+        "| run | model | parameters | training time | updates | target tokens/s | best dev BLEU "
+        "| test decoding | test BLEU | test chrF | greedy sent/s | beam-5 sent/s |"
+    )
+    assert markdown_table([plain]).splitlines()[0] == head and "average" not in _record(plain)
+    averaged = RunSummary("b", "rnn", 1_000_000, 60.0, 10, 5.0, average={"dev_bleu": 4.0, "auto_takes": "x.pt"})
+    rows = markdown_table([plain, averaged]).splitlines()
+    assert "| 3.00 | - | - | - |" in rows[2] and "| - | 4.00 | x.pt | - |" in rows[3]
+
+
 def test_resuming_a_finished_run_does_not_average_again(run, capsys):
     metrics = (run / "run" / "metrics.jsonl").read_text()
     assert main(["train", "--config", str(run / "tiny.yaml")]) == 0

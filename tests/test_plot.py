@@ -287,6 +287,37 @@ def test_plot_runs_writes_every_png_and_an_index(resumed_run, long_run, tmp_path
     assert "| resumed |" in index and "| 12.00 |" in index
 
 
+def average(update: int, bleu: float, updates: list[int]) -> dict:
+    return {"type": "average", "update": update, "dev_bleu": bleu, "best_bleu": 30.0, "updates": updates}
+
+
+def test_plot_marks_the_average_training_made_where_a_run_has_one(long_run, resumed_run, tmp_path):
+    # 'nmt plot' left the "average" records out: the model auto may translate with was nowhere to see
+    records = [json.loads(line) for line in (long_run / "metrics.jsonl").read_text().splitlines()]
+    averaged = write_run(tmp_path / "averaged", [*records, average(150, 33.0, [100, 150])])
+    rewound = write_run(tmp_path / "rewound", [*RESUMED[:8], average(6, 50.0, [4, 6]), *RESUMED[8:]])
+    found: list[dict] = []
+    read_metrics(rewound, averages=found)
+    assert found == []  # made at the end of session 1, which session 2 went back over
+    runs = [load_run(averaged, "averaged"), load_run(resumed_run, "resumed")]
+    bleu = scalar_figure(BY_NAME["valid/bleu"], runs)
+    for ax, x in zip(bleu.axes, (150, (150 * 2.0 + 2 * 10.0) / 60)):  # by update; by the minutes of its validation
+        star = [line for line in ax.get_lines() if line.get_marker() == "*"]
+        assert [(list(line.get_xdata()), list(line.get_ydata())) for line in star] == [([pytest.approx(x)], [33.0])]
+        legend = [t.get_text() for t in ax.get_legend().get_texts()]
+        assert legend == ["averaged", "averaged: average of its last checkpoints", "resumed"]
+    loss = scalar_figure(BY_NAME["train/loss"], runs)
+    assert not [line for line in loss.axes[0].get_lines() if line.get_marker() == "*"]
+    plot_runs([averaged, resumed_run], tmp_path / "plots", lambda message: None)
+    index = (tmp_path / "plots" / "index.md").read_text().splitlines()
+    assert index[2].endswith("| best dev BLEU | average dev BLEU |")
+    assert index[4].endswith("| 30.00 | 33.00 |") and index[5].endswith("| 12.00 | - |")
+    plot_runs([resumed_run], tmp_path / "alone", lambda message: None)  # a run without one: as before
+    index = (tmp_path / "alone" / "index.md").read_text().splitlines()
+    assert index[2] == "| run | directory | updates | wall time | validations | best dev BLEU |"
+    assert index[4].endswith("| 2 | 12.00 |")
+
+
 def test_cli_plot_in_process(resumed_run, long_run, tmp_path, capsys):
     out = tmp_path / "cli-plots"
     assert main(["plot", str(long_run), str(resumed_run), "--out", str(out)]) == 0
