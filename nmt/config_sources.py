@@ -315,12 +315,12 @@ def error_cause(message: str, path: Path, overrides: list[str], error_with: Call
     (``error_source``), else the file and the line of the key there, unless the file alone is free
     of it (``error_with`` gives the check's error with some of the overrides, or None). Then a --set
     caused it through another key (``model.d_model=90`` against the file's 4 heads: the error names
-    ``model.heads``): the ones that cause it on their own are named with the file, or every --set
-    where none does alone."""
+    ``model.heads``): the ones that cause it on their own are named with the file and the line of
+    the key there, or every --set where none does alone."""
     source = error_source(message, path, overrides)
     if source != str(path):
         return source
     if not overrides or error_with([]) == message:
         return file_place(message, path)
     alone = [text for text in overrides if error_with([text]) == message]
-    return f"{path} with " + ", ".join(f"--set {text}" for text in alone or overrides)
+    return f"{file_place(message, path)} with " + ", ".join(f"--set {text}" for text in alone or overrides)

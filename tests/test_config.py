@@ -760,16 +760,23 @@ def test_an_error_a_set_causes_through_another_key_names_that_set_with_the_file(
     which no --set gave, so the error named the file alone, which is free of it."""
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\nmodel: {d_model: 128, heads: 4}\n")
     heads = r"config key 'model.heads': d_model 90 is not divisible by 4 heads"
-    with pytest.raises(NMTError, match=rf"^{re.escape(str(path))} with --set model.d_model=90: {heads}$"):
-        load_config(path, ["train.lr_peak=0.01", "model.d_model=90", "name=x"])  # only the culprit is named
+    # only the culprit is named, and the line of the file's key the error names, as an error of the file's own does
+    with pytest.raises(
+        NMTError, match=rf"^{re.escape(str(path))}: line 3, column 23 with --set model.d_model=90: {heads}$"
+    ):
+        load_config(path, ["train.lr_peak=0.01", "model.d_model=90", "name=x"])
     ff = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\nmodel: {ff_size: 512}\n")
     rnn = r"config key 'model.ff_size': applies to model.type 'transformer', not 'rnn'"
-    with pytest.raises(NMTError, match=rf"^{re.escape(str(ff))} with --set model.type=rnn: {rnn}$"):
+    with pytest.raises(NMTError, match=rf"^{re.escape(str(ff))}: line 3, column 9 with --set model.type=rnn: {rnn}$"):
         load_config(ff, ["model.type=rnn"])
     # Neither causes it alone (each leaves the other limit): both are named.
     two = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_epochs: 5, max_minutes: 5}\n")
+    # The key the error names is the file's default (no line to name): the file alone.
     limits = r"config key 'train.max_updates': set at least one of max_updates, max_epochs, max_minutes"
-    with pytest.raises(NMTError, match=rf"with --set train.max_epochs=null, --set train.max_minutes=null: {limits}"):
+    with pytest.raises(
+        NMTError,
+        match=rf"^{re.escape(str(two))} with --set train.max_epochs=null, --set train.max_minutes=null: {limits}",
+    ):
         load_config(two, ["train.max_epochs=null", "train.max_minutes=null"])
     assert load_config(two, ["train.max_epochs=null"]).train.max_minutes == 5
 

@@ -257,12 +257,14 @@ def test_a_device_refusal_names_the_file_or_the_set_that_gave_the_value(command,
     config = tiny_config(tmp_path, precision="fp16")
     gpu_config = tiny_config(tmp_path / "gpu", precision="fp16", device="cuda")
     line = config.read_text().splitlines().index("  precision: fp16") + 1  # the file's value: its line too
+    gpu_line = gpu_config.read_text().splitlines().index("  precision: fp16") + 1
+    gpu_place = f"{gpu_config}: line {gpu_line}, column 3"  # the file's key, which the --set made invalid
     for file, sets, source, error in (
         (config, [], f"{config}: line {line}, column 3", FP16),
         (config, ["train.precision=fp32", "train.precision=bf16"], "--set train.precision=bf16", BF16),
         (config, ["train.precision=fp32", "train.device=cuda"], "--set train.device=cuda", CUDA),
-        (gpu_config, ["train.device=cpu"], f"{gpu_config} with --set train.device=cpu", FP16),
-        (gpu_config, ["train.device=auto", "seed=4"], f"{gpu_config} with --set train.device=auto", FP16),
+        (gpu_config, ["train.device=cpu"], f"{gpu_place} with --set train.device=cpu", FP16),
+        (gpu_config, ["train.device=auto", "seed=4"], f"{gpu_place} with --set train.device=auto", FP16),
     ):
         argv = [command, "--config", str(file), *(a for kv in sets for a in ("--set", kv))]
         assert main(argv) == 2
