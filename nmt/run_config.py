@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nmt.config import Config, CorpusConfig, config_to_dict
 from nmt.config_checks import check_case_folding_scoring, check_held_out_corpora
-from nmt.config_sources import apply_overrides, read_yaml
+from nmt.config_sources import apply_overrides, file_place, read_yaml
 from nmt.corpus import local_corpus_gone
 from nmt.errors import NMTError
 from nmt.models import same_model_value
@@ -134,10 +134,8 @@ def check_saved_corpora(
         return
     sets = " ".join(f"--set data.{s}.path=NEW_DIR/{Path(getattr(d, s).path).name}" for s in gone)
     where = f"with '{fix} {sets}'" if fix else f"with {sets}"
-    missing = (
-        f"{config_file}: config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}, "
-        "which this run's saved config names by absolute path"
-    )
+    problem = f"config key 'data.{needed[0]}.path': no corpus at {getattr(d, needed[0]).path}"
+    missing = f"{file_place(problem, config_file)}: {problem}, which this run's saved config names by absolute path"
     if d.synthetic:
         raise NMTError(
             f"{missing}, and data.synthetic writes it only where a config or --set names it anew: give the "

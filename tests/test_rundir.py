@@ -399,9 +399,10 @@ def test_a_moved_projects_run_says_how_to_give_its_corpora_new_place(trained, tm
     run = copy_run(trained, tmp_path / "new")
     saved = run / "config.yaml"
     saved.write_text(saved.read_text().replace(str(trained / "data"), str(gone.parent)))
+    line = saved.read_text().splitlines().index(f"    path: {gone}") + 1  # data.train's, the first
     one_line_error(
         cli("train", "--config", saved),
-        f"config.yaml: config key 'data.train.path': no corpus at {gone}, which this run's saved config",
+        f"config.yaml: line {line}, column 5: config key 'data.train.path': no corpus at {gone}, which this run's",
         "if the data moved, give its new place with --set data.train.path=NEW_DIR/train",
     )
     one_line_error(
@@ -436,7 +437,9 @@ def test_a_moved_projects_synthetic_corpus_is_not_written_again_at_its_old_place
     saved = str(run.config_path)
     assert main(["prepare", "--config", saved]) == 2
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"config key 'data.train.path': no corpus at {old / 'train'}" in err
+    line = run.config_path.read_text().splitlines().index(f"    path: {old / 'train'}") + 1  # the key's line, as ever
+    place = f"{saved}: line {line}, column 5: config key 'data.train.path': no corpus at {old / 'train'}"
+    assert err.count("\n") == 1 and place in err, err
     assert " ".join(f"--set data.{split}.path=NEW_DIR/{split}" for split in splits) in err
     assert not old.parent.exists()
     new_place = [a for split in splits for a in ("--set", f"data.{split}.path={new / split}")]
