@@ -24,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from nmt.arg_types import positive_int
+from nmt.arg_types import positive_int, user_path
 from nmt.errors import NMTError
 from nmt.files import check_output, check_output_dir
 from nmt.synthetic import write_synthetic_corpus
@@ -180,13 +180,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--pairs", type=positive_int, nargs="+", default=[100_000, 5_000_000])
     parser.add_argument("--updates", type=positive_int, default=100)
-    parser.add_argument("--config", default=str(ROOT / "configs" / "scale.yaml"), help="default: configs/scale.yaml")
+    parser.add_argument(
+        "--config", type=user_path, default=str(ROOT / "configs" / "scale.yaml"), help="default: configs/scale.yaml"
+    )
     parser.add_argument(
         "--workdir",
+        type=user_path,
         help="where the generated corpora (scale-data-N) and runs (scale-N) go, made if missing "
         "(default: runs in the current directory)",
     )
-    parser.add_argument("--json", help=f"the figures as JSON (default: WORKDIR/{JSON_NAME})")
+    parser.add_argument("--json", type=user_path, help=f"the figures as JSON (default: WORKDIR/{JSON_NAME})")
     args = parser.parse_args()
     workdir, json_path = output_paths(args.workdir, args.json)
     config = Path(args.config).absolute()

@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from nmt import export  # noqa: E402
-from nmt.arg_types import positive_int  # noqa: E402
+from nmt.arg_types import positive_int, user_path  # noqa: E402
 from nmt.config import DecodeConfig  # noqa: E402
 from nmt.corpus import read_lines  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
@@ -56,15 +56,15 @@ def compared_decodings(decode: DecodeConfig) -> tuple[DecodeConfig, DecodeConfig
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--src", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.de")
-    parser.add_argument("--ref", type=Path, default=ROOT / "data/multi30k/test_2016_flickr.en")
+    parser.add_argument("run_dir", type=user_path)
+    parser.add_argument("--src", type=user_path, default=ROOT / "data/multi30k/test_2016_flickr.de")
+    parser.add_argument("--ref", type=user_path, default=ROOT / "data/multi30k/test_2016_flickr.en")
     # Both decoders get the same threads; 2 was this one machine's cores, a literal on any other.
     parser.add_argument(
         "--threads", type=positive_int, default=usable_cpus(), help="threads of both (default: the cores)"
     )
     parser.add_argument("--repeats", type=positive_int, default=5)
-    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--json", type=user_path, help="also write the results here")
     args = parser.parse_args()
     ct2 = export.import_ctranslate2()
     log = lambda m: print(m, file=sys.stderr, flush=True)  # noqa: E731
@@ -144,7 +144,7 @@ def main() -> int:
         figures = f"{speed[name]:.1f} | {speed[name] / base:.2f}x" if name in speed else "- | -"
         print(f"| {name} | {results['bleu_beam5'][name]:.2f} | {same[name]} | {figures} |")
     if args.json:
-        args.json.write_text(json.dumps(results, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     tmp.cleanup()
     return 0
 

@@ -21,6 +21,11 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from nmt.arg_types import user_path  # noqa: E402  (plain Python: fetching needs no torch)
+
 URL_BASE = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw/"
 SPLITS = {"train": 29000, "val": 1014, "test_2016_flickr": 1000}
 LANGS = ("de", "en", "fr")
@@ -167,7 +172,7 @@ def write_all(out: Path, files: dict[str, bytes]) -> None:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Get Multi30k task 1 (raw) as plain parallel files.")
-    p.add_argument("--out", type=Path, default=Path("data/multi30k"), help="output directory")
+    p.add_argument("--out", type=user_path, default=Path("data/multi30k"), help="output directory")
     p.add_argument("--langs", nargs="+", default=list(LANGS), choices=LANGS, help="languages to fetch")
     p.add_argument("--url-base", default=URL_BASE, help=argparse.SUPPRESS)
     # Tests use tiny fake corpora: every file is then expected to hold this many lines.
@@ -176,7 +181,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> str:
-    out: Path = args.out
+    out = Path(args.out)
     langs: list[str] = list(dict.fromkeys(args.langs))
     if is_complete(out, langs, args.expect_lines):
         return f"{out}: up to date"

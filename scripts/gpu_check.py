@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 import torch  # noqa: E402
 
 from nmt import bench  # noqa: E402
-from nmt.arg_types import positive_float  # noqa: E402
+from nmt.arg_types import positive_float, user_path  # noqa: E402
 from nmt.config import config_from_dict  # noqa: E402
 from nmt.config_sources import apply_overrides, read_yaml  # noqa: E402
 from nmt.device import cpu_has_bf16  # noqa: E402
@@ -414,12 +414,12 @@ def run_checks(report: Report, args: argparse.Namespace, device: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--data", type=Path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
+    parser.add_argument("--data", type=user_path, default=ROOT / "data" / "multi30k", help="Multi30k directory")
     # Relative to the working directory, as every nmt run_dir is: the checkout's runs/ was a surprise
     # from elsewhere, and no place to write in an installed copy.
     parser.add_argument(
         "--out",
-        type=Path,
+        type=user_path,
         default=Path("runs") / "gpu-check",
         help="the runs' scratch directory and gpu_check.json (default: runs/gpu-check in the working directory)",
     )
@@ -431,7 +431,7 @@ def main() -> int:
         help=f"stop after this long, the summary printed (default {MAX_MINUTES:g})",
     )
     args = parser.parse_args()
-    args.data, args.out = args.data.absolute(), args.out.absolute()
+    args.data, args.out = Path(args.data).absolute(), Path(args.out).absolute()
     if not args.quick and not torch.cuda.is_available():
         message = "no CUDA GPU is visible (use --quick to check the script's logic on a CPU)"
         print(f"gpu-check: error: {message}", file=sys.stderr)

@@ -27,7 +27,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nmt.arg_types import positive_int  # noqa: E402  (plain Python: no torch)
+from nmt.arg_types import positive_int, user_path  # noqa: E402  (plain Python: no torch)
 from nmt.openmp import limit_spinning  # noqa: E402  (plain Python: no torch)
 
 ISA_KNOBS = ("ONEDNN_MAX_CPU_ISA", "ATEN_CPU_CAPABILITY", "MKL_ENABLE_INSTRUCTIONS")
@@ -98,15 +98,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pairs", type=positive_int, default=3, help="nmt/peer pairs to run (default 3)")
     parser.add_argument("--updates", type=positive_int, default=40, help="timed nmt updates per run (default 40)")
     parser.add_argument("--peer-updates", type=positive_int, default=60, help="fairseq updates per run (default 60)")
-    parser.add_argument("--config", default=str(ROOT / "configs" / "multi30k_transformer.yaml"))
+    parser.add_argument("--config", type=user_path, default=str(ROOT / "configs" / "multi30k_transformer.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument(
         "--peer",
+        type=user_path,
         default=os.environ.get("FAIRSEQ_SPEED", str(ROOT.parent / "shared" / "peers" / "fairseq_speed.sh")),
         help="the peer's speed script (default ../shared/peers/fairseq_speed.sh, or $FAIRSEQ_SPEED)",
     )
     parser.add_argument("--nmt", default=str(ROOT / ".venv" / "bin" / "nmt"), help="the nmt command")
-    parser.add_argument("--json", help="also write the pairs and their summary here")
+    parser.add_argument("--json", type=user_path, help="also write the pairs and their summary here")
     args = parser.parse_args(argv)
     peer = Path(args.peer)
     if not peer.is_file():

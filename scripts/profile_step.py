@@ -23,7 +23,7 @@ limit_spinning()  # as the CLI does, before torch loads the OpenMP runtime
 import torch  # noqa: E402
 from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
-from nmt.arg_types import non_negative_int, positive_int  # noqa: E402
+from nmt.arg_types import non_negative_int, positive_int, user_path  # noqa: E402
 from nmt.bench import scratch_trainer, update_groups  # noqa: E402
 from nmt.config import load_config  # noqa: E402
 from nmt.errors import NMTError  # noqa: E402
@@ -31,7 +31,7 @@ from nmt.errors import NMTError  # noqa: E402
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", type=user_path, required=True)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--updates", type=positive_int, default=5, help="profiled updates (default 5)")
     parser.add_argument("--warmup", type=non_negative_int, default=3, help="untimed updates first (default 3)")

@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from nmt.arg_types import positive_float, positive_int  # noqa: E402
+from nmt.arg_types import positive_float, positive_int, user_path  # noqa: E402
 from nmt.metrics import read_metrics  # noqa: E402
 
 POLL_S = 1.0  # how often the running variants are looked at
@@ -131,15 +131,15 @@ def train_pending(args: argparse.Namespace, variants: list[tuple[str, list[str]]
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--base", type=Path, required=True, help="config the variants change")
-    p.add_argument("--out", type=Path, required=True, help="directory of the variants' runs")
+    p.add_argument("--base", type=user_path, required=True, help="config the variants change")
+    p.add_argument("--out", type=user_path, required=True, help="directory of the variants' runs")
     p.add_argument("--minutes", type=positive_float, required=True, help="wall-clock budget per variant")
     p.add_argument("--variant", action="append", required=True, help="'NAME: section.key=value ...'")
     p.add_argument("--parallel", type=positive_int, default=1, help="variants trained at once")
     p.add_argument("--threads", type=positive_int, help="train.threads of each (default: the config's)")
     args = p.parse_args()
     # The trainings run in ROOT: a relative path means the caller's directory, as for any command.
-    args.base, args.out = args.base.absolute(), args.out.absolute()
+    args.base, args.out = Path(args.base).absolute(), Path(args.out).absolute()
     variants = [parse_variant(v) for v in args.variant]
     args.out.mkdir(parents=True, exist_ok=True)
     statuses = train_pending(args, variants)

@@ -26,7 +26,7 @@ OPENMP = limit_spinning()  # as the CLI does; GOMP_SPINCOUNT=300000 brings back 
 
 import torch  # noqa: E402
 
-from nmt.arg_types import positive_int  # noqa: E402
+from nmt.arg_types import positive_int, user_path  # noqa: E402
 from nmt.batching import token_batches  # noqa: E402
 from nmt.bench import scratch_trainer  # noqa: E402
 from nmt.config import load_config  # noqa: E402
@@ -54,7 +54,7 @@ def training_groups(trainer, count: int):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--config", required=True)
+    parser.add_argument("--config", type=user_path, required=True)
     parser.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--updates", type=positive_int, default=40, help="updates to run (default 40)")
     args = parser.parse_args()

@@ -1,8 +1,10 @@
 """The argparse types that nmt's options and the scripts share."""
 
 import argparse
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +46,36 @@ def test_the_types_load_no_torch():
     code = "import sys, nmt.arg_types; print('torch' in sys.modules)"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
+
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+
+
+@pytest.mark.parametrize(
+    "script,args,said",
+    [
+        ("peer_speed.py", ["--peer=~/none.sh"], "no peer script at HOME/none.sh"),
+        ("profile_step.py", ["--config=~/none.yaml"], "HOME/none.yaml: no such config file"),
+        ("rnn_update_times.py", ["--config=~/none.yaml"], "HOME/none.yaml: no such config file"),
+        ("bench_scale.py", ["--workdir=~/taken"], "HOME/taken"),
+        ("ct2_compare.py", ["~/run", "--src=~/none.de"], "HOME/none.de"),
+        ("get_multi30k.py", ["--out=~/taken"], "cannot create HOME/taken: it is a file"),
+        (
+            "recipe_search.py",
+            ["--base=~/none.yaml", "--out=~/o", "--minutes=1", "--variant=a: seed=2"],
+            "HOME/none.yaml",
+        ),
+    ],
+)
+def test_the_scripts_path_options_expand_a_leading_tilde_as_nmts_do(tmp_path, script, args, said):
+    """The shell leaves '~' in '--config=~/x' (and in a quoted path): each script failed on a path
+    named '~/x' in its working directory, or wrote one there."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "taken").write_text("a file where a directory is asked for\n")
+    env = {**os.environ, "HOME": str(home), "MULTI30K_DIR": str(home / "none")}
+    done = subprocess.run(
+        [sys.executable, str(SCRIPTS / script), *args], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert done.returncode != 0 and said.replace("HOME", str(home)) in done.stderr, done.stderr
+    assert not (tmp_path / "~").exists()
