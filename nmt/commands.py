@@ -209,6 +209,11 @@ def _scored_lines(name: str, option: str) -> list[str]:
     return [line for window in input_windows(None) for line in window]
 
 
+def _input_name(name: str) -> str:
+    """How the scores and their errors name an input of eval-bleu's: '-' is standard input."""
+    return "<stdin>" if name == "-" else name
+
+
 def _check_one_stdin(args: argparse.Namespace) -> None:
     """Standard input can be read once: by one of --hyp, --src and the references."""
     named = [f"--{option} -" for option in ("hyp", "src") if getattr(args, option) == "-"]
@@ -229,7 +234,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
     _check_bleu_tokenizer(args.tokenize)
     check_stdout("eval-bleu prints the scores there")  # before translating, not after
     refs = [_scored_lines(r, "--ref") for r in args.ref]
-    ref_names = ["<stdin>" if r == "-" else r for r in args.ref]
+    ref_names = [_input_name(r) for r in args.ref]
     tokenize, lowercase = args.tokenize or "13a", bool(args.lowercase)
     if not args.model:
         bleu_metric(tokenize, lowercase, "--tokenize")  # a tokenizer that cannot run: before reading
@@ -252,7 +257,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         else:
             check_run_bleu(tokenize, lowercase, run.config_path)
         source = input_file(args.src, "--src")
-        src_name = "<stdin>" if source is None else args.src
+        src_name = _input_name(args.src)
         if source is not None and source.is_file():  # stdin or a pipe can be read only once: checked after
             check_line_counts(src_name, sum(1 for _ in read_lines(source)), refs, ref_names)
         inputs = [source, *(Path(r) for r in args.ref if r != "-"), *run.model_files(cfg)]
@@ -267,7 +272,7 @@ def cmd_eval_bleu(args: argparse.Namespace) -> int:
         if not args.hyp:
             raise NMTError("eval-bleu needs --hyp FILE, or --model RUN_DIR with --src FILE")
         hyps = _scored_lines(args.hyp, "--hyp")
-        hyp_name = "<stdin>" if args.hyp == "-" else args.hyp
+        hyp_name = _input_name(args.hyp)
     scores = corpus_scores(hyps, refs, ref_names, hyp_name, tokenize, lowercase)
     write_stdout(json.dumps(scores.to_dict(), indent=1) + "\n" if args.json else scores.summary() + "\n")
     return 0
