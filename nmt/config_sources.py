@@ -183,11 +183,16 @@ def read_yaml(path: str | Path) -> dict:
 _COMMENT = re.compile(r"(^|\s)#")
 
 
+def _override_path(text: str) -> list[str]:
+    """``train.max_updates=500`` -> ["train", "max_updates"]: the key a --set names, unchecked."""
+    return [part.strip() for part in text.partition("=")[0].split(".")]
+
+
 def parse_override(text: str) -> tuple[list[str], Any]:
     """``train.max_updates=500`` -> (["train", "max_updates"], 500). Values are parsed as YAML; a
     number in scientific notation, a string in YAML 1.1, is read by the key's type (nmt.schema)."""
-    key, equals, raw = text.partition("=")
-    path = [part.strip() for part in key.split(".")]
+    _, equals, raw = text.partition("=")
+    path = _override_path(text)
     if not equals or not all(path):  # '=5' or '.max_updates=5' would name the key ''
         raise NMTError(f"--set {text!r}: expected section.key=value")
     try:
@@ -238,10 +243,11 @@ def apply_overrides(values: dict, overrides: list[str]) -> set[str]:
 def file_values_set_into(values: dict, overrides: list[str]) -> list[tuple[str, Any]]:
     """(dotted key, value) of each value of the file that is no mapping and that a --set writes a key
     into (``decode: [1, 2]`` with ``decode.beam_size=5``): apply_overrides makes it a mapping of that
-    key alone, so the file's own value would never be checked. One an earlier --set gave is not the file's."""
+    key alone, so the file's own value would never be checked. One an earlier --set gave is not the file's.
+    Only the keys are read: apply_overrides parses the values, and refuses a --set of no key."""
     found, given = [], []
     for text in overrides:
-        path, _ = parse_override(text)
+        path = _override_path(text)
         node: Any = values
         for depth, part in enumerate(path[:-1]):
             key = ".".join(path[: depth + 1])
