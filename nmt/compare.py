@@ -16,7 +16,7 @@ from pathlib import Path
 from nmt.corpus import read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, check_distinct_runs, check_output_dir
-from nmt.metrics import read_metrics
+from nmt.metrics import elapsed_at, read_metrics
 from nmt.rundir import RunDir
 from nmt.scoring import check_run_bleu, corpus_scores
 from nmt.streams import translate_lines
@@ -187,7 +187,7 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
             ax.plot(x, [v["dev_bleu"] for v in r.curve], color=color, marker="o", label=label)
         if r.average:  # a star at the average training made, at the wall time of the validation it followed
             star = {"color": color, "marker": "*", "markersize": 11, "linestyle": "none", "label": f"{label}: average"}
-            by_time.plot([_minutes_at(r.average["update"], r.curve)], [r.average["dev_bleu"]], **star)
+            by_time.plot([elapsed_at(r.average["update"], r.curve) / 60], [r.average["dev_bleu"]], **star)
             by_update.plot([r.average["update"]], [r.average["dev_bleu"]], **star)
     by_time.set_xlabel("training wall time (minutes)")
     by_update.set_xlabel("updates")
@@ -198,10 +198,6 @@ def plot_curves(runs: list[RunSummary], path: Path) -> None:
     fig.tight_layout()
     atomic_write(path, lambda f: fig.savefig(f, dpi=120, format="png"))
     plt.close(fig)
-
-
-def _minutes_at(update: int, curve: list[dict]) -> float:
-    return max((v["elapsed"] for v in curve if v["update"] <= update), default=0.0) / 60
 
 
 def compare(run_dirs: list[Path], out_dir: Path, log: Callable[[str], None]) -> str:

@@ -161,6 +161,12 @@ def read_metrics(
     return parse_metrics(data, path, left_out, averages)
 
 
+def elapsed_at(update: int, records: list[dict]) -> float:
+    """The wall time (seconds) of an average record, which has none: that of the last of ``records``
+    at or before its update (the validation just before it), as the average is made once training ends."""
+    return max((float(r["elapsed"]) for r in records if r["update"] <= update), default=0.0)
+
+
 def validations_trained_on(path: Path) -> tuple[int, int]:
     """The validations of the run's history in ``path`` (as ``read_metrics`` takes it), and how many of
     them the run trained on from: each but the last, and that one too where a train record of a

@@ -18,6 +18,7 @@ from nmt.metrics import (
     LeftOut,
     Scalar,
     Series,
+    elapsed_at,
     moving_average,
     read_metrics,
     scalar_series,
@@ -97,14 +98,8 @@ def load_run(run_dir: Path, label: str, log: Callable[[str], None] | None = None
         seconds=max((float(r["elapsed"]) for r in train + valid), default=0.0),
         validations=len(valid),
         best_bleu=max(bleus) if bleus else None,
-        averages=[{**a, "elapsed": _elapsed_at(a["update"], train + valid)} for a in averages],
+        averages=[{**a, "elapsed": elapsed_at(a["update"], train + valid)} for a in averages],
     )
-
-
-def _elapsed_at(update: int, records: list[dict]) -> float:
-    """The wall time of an average record, which has none: that of its update's last record (the
-    validation just before it), as the average is made once training ends."""
-    return max((float(r["elapsed"]) for r in records if r["update"] <= update), default=0.0)
 
 
 def smoothing_window(points: int) -> int:
