@@ -34,7 +34,8 @@ from nmt.machine import usable_cpus
 from nmt.provenance import changes_since_made, corpus_files, shards_fingerprint, tokenizer_records
 from nmt.rundir import RunDir
 from nmt.shards import ShardedCorpus, read_index
-from nmt.tokenizer import SideError, Tokenizer, remove_model, train_or_load_tokenizers
+from nmt.tokenizer import Tokenizer, remove_model
+from nmt.tokenizer_training import SideError, train_or_load_tokenizers
 
 
 @dataclass

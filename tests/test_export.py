@@ -22,7 +22,8 @@ from nmt.models import RNNConfig, TransformerConfig
 from nmt.models.transformer import Transformer
 from nmt.rundir import RunDir
 from nmt.search import beam_search, greedy_search
-from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID, train_or_load_tokenizers
+from nmt.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from nmt.tokenizer_training import train_or_load_tokenizers
 
 # The training pairs and unseen recombinations of their words.
 SOURCES = [s for s, _ in PAIRS] + ["der kleine hund trinkt kaffee", "zwei katzen lesen", "die frau sieht den mann"]

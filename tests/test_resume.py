@@ -455,19 +455,19 @@ def test_a_first_start_killed_as_it_writes_the_tokenizer_leaves_none_the_next_st
     # Killed just after one of the tokenizer's files is written. spm.model used to come before its
     # record, and a model without a record (an earlier version's) is reused where no config.yaml says
     # otherwise: the next start, with other settings, trained on the killed start's 60 pieces, not 50.
-    import nmt.tokenizer
+    import nmt.tokenizer_training
 
     config = tiny_config(tmp_path)
-    real = nmt.tokenizer._write
+    real = nmt.tokenizer_training._write
 
     def killed(path, data):
         real(path, data)
         if path.name == killed_after:
             raise KeyboardInterrupt  # as a second Ctrl-C's os._exit, or SIGKILL, stops it here
 
-    monkeypatch.setattr(nmt.tokenizer, "_write", killed)
+    monkeypatch.setattr(nmt.tokenizer_training, "_write", killed)
     assert main(["prepare", "--config", str(config)]) != 0
-    monkeypatch.setattr(nmt.tokenizer, "_write", real)
+    monkeypatch.setattr(nmt.tokenizer_training, "_write", real)
     run = tmp_path / "run"
     assert (run / killed_after).exists() and not (run / "config.yaml").exists()
     assert main(["prepare", "--config", str(config), "--set", "tokenizer.vocab_size=50"]) == 0

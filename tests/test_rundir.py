@@ -24,7 +24,8 @@ from conftest import PAIRS, tiny_config
 from nmt.cli import main
 from nmt.config import load_config
 from nmt.rundir import RunDir
-from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
+from nmt.tokenizer import TokenizerConfig
+from nmt.tokenizer_training import train_or_load_tokenizers
 
 
 @pytest.fixture

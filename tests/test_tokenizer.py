@@ -18,7 +18,8 @@ from nmt.cli import main
 from nmt.config import TokenizerConfig
 from nmt.errors import NMTError
 from nmt.signals import Terminated
-from nmt.tokenizer import MAX_SENTENCE_BYTES, Tokenizer, load_tokenizers, train_or_load_tokenizers
+from nmt.tokenizer import Tokenizer, load_tokenizers
+from nmt.tokenizer_training import MAX_SENTENCE_BYTES, train_or_load_tokenizers
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "te", "vi", "do", "pe", "zu", "ho"]
 
@@ -75,7 +76,8 @@ def test_separate_models(tmp_path, model_type):
 _TRAIN_IN_A_PROCESS = """
 import sys
 from pathlib import Path
-from nmt.tokenizer import TokenizerConfig, train_or_load_tokenizers
+from nmt.tokenizer import TokenizerConfig
+from nmt.tokenizer_training import train_or_load_tokenizers
 corpus, model, seed = Path(sys.argv[1]), Path(sys.argv[2]), int(sys.argv[3])
 cfg = TokenizerConfig(type="unigram", vocab_size=120, input_sentence_size=150)
 lines = corpus.read_text(encoding="utf-8").splitlines()
@@ -301,7 +303,7 @@ def test_an_interrupt_while_sentencepiece_trains_stops_it_at_once(tmp_path, monk
     import _thread
     import threading
 
-    import nmt.tokenizer
+    import nmt.tokenizer_training
 
     training, release, on_main = threading.Event(), threading.Event(), []
 
@@ -310,7 +312,7 @@ def test_an_interrupt_while_sentencepiece_trains_stops_it_at_once(tmp_path, monk
         training.set()
         release.wait(60)
 
-    monkeypatch.setattr(nmt.tokenizer.spm.SentencePieceTrainer, "train", train)
+    monkeypatch.setattr(nmt.tokenizer_training.spm.SentencePieceTrainer, "train", train)
     threading.Thread(target=lambda: training.wait(60) and _thread.interrupt_main(), daemon=True).start()
     try:
         with pytest.raises(KeyboardInterrupt):
