@@ -340,7 +340,8 @@ class RunDir:
         checkpoints, index and metrics. A first start that failed before its first training state
         (even while writing it, after its best checkpoint) starts again, as before. An index.json that
         cannot be read is refused first, naming it: the run would lose its best checkpoints' ranking."""
-        from nmt.checkpoint import last_state_recorded, list_checkpoints
+        from nmt.checkpoint import list_checkpoints
+        from nmt.checkpoint_index import last_state_recorded
 
         recorded = last_state_recorded(self.checkpoint_dir)
         if list_checkpoints(self.checkpoint_dir, "update"):

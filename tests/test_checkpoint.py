@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from nmt import checkpoint, checkpoint_file, testhooks
+from nmt import checkpoint, checkpoint_file, checkpoint_index, testhooks
 from nmt.errors import NMTError
 
 
@@ -419,7 +419,11 @@ def test_an_index_of_another_shape_is_an_error_naming_it(tmp_path, index):
     checkpoint_file.save(payload(9.0), tmp_path / "outside.pt")
     m.index_path.write_text(index)
     readers = [m.read_index, m.best_path, m.model_path, m.best_score, m.average_path]
-    for read in [*readers, lambda: checkpoint.last_state_recorded(m.directory), lambda: m.save_state(payload(2.0), 2)]:
+    for read in [
+        *readers,
+        lambda: checkpoint_index.last_state_recorded(m.directory),
+        lambda: m.save_state(payload(2.0), 2),
+    ]:
         with pytest.raises(NMTError, match=r"checkpoints/index\.json: not the index nmt writes: .*restore it"):
             read()
     assert m.index_path.read_text() == index
@@ -427,7 +431,7 @@ def test_an_index_of_another_shape_is_an_error_naming_it(tmp_path, index):
 
 def test_a_missing_index_is_a_run_not_validated_yet(tmp_path):
     m = checkpoint.CheckpointManager(tmp_path / "checkpoints", keep_last=2, keep_best=1)
-    assert m.read_index() == {"best": []} and checkpoint.last_state_recorded(m.directory) is None
+    assert m.read_index() == {"best": []} and checkpoint_index.last_state_recorded(m.directory) is None
     m.save_state(payload(2.0), 2)
     assert m.read_index() == {"best": [], "last_state": 2}
 
