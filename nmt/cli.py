@@ -64,13 +64,19 @@ def _add_decode_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch-tokens", type=positive_int, help="source tokens per decoding batch")
     # No argparse defaults for these two: eval-bleu --hyp must see whether they were given.
     g.add_argument("--device", choices=["auto", "cpu", "cuda"], help="where to decode (default auto)")
-    g.add_argument(
+    _add_checkpoint_option(g)
+    g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="default: the run's train.precision")
+
+
+def _add_checkpoint_option(p: argparse._ActionsContainer) -> None:
+    """--checkpoint, worded alike in every command that reads a run's model (translate, eval-bleu,
+    tune-decode). No argparse default: "" is no checkpoint, not auto (cmd_translate)."""
+    p.add_argument(
         "--checkpoint",
         metavar="WHICH",
         help="auto (default: the averaged model where its dev BLEU beats the best, else the best), best, "
         "average, last, or a file name in RUN_DIR/checkpoints",
     )
-    g.add_argument("--precision", choices=["auto", "fp32", "bf16", "fp16"], help="default: the run's train.precision")
 
 
 def _add_config_options(p: argparse.ArgumentParser, config_help: str = "YAML config file (see configs/)") -> None:
@@ -204,7 +210,7 @@ def _tune_parser(sub) -> None:
         default=list(LENGTH_PENALTIES),
         help=f"default {penalties}",
     )
-    p.add_argument("--checkpoint", default="auto", help="which checkpoint to tune for (see translate)")
+    _add_checkpoint_option(p)
     p.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"], help="where to decode")
     p.set_defaults(func=commands.cmd_tune_decode)
 

@@ -291,7 +291,8 @@ def cmd_tune_decode(args: argparse.Namespace) -> int:
     from nmt.tune_decode import tune_decode
 
     run = RunDir.existing(args.model)
-    tune_decode(run, args.beam_sizes, args.length_penalties, args.device, args.checkpoint, log)
+    which = "auto" if args.checkpoint is None else args.checkpoint  # as translate's: "" is no checkpoint
+    tune_decode(run, args.beam_sizes, args.length_penalties, args.device, which, log)
     return 0
 
 

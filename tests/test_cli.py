@@ -1030,3 +1030,20 @@ def test_a_number_list_with_an_empty_item_is_refused_not_shortened(values, capsy
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "Traceback" not in err
     assert f"argument --length-penalties: expected comma-separated numbers, got {values!r} (an empty item)" in err
+
+
+def _checkpoint_help(command: str, capsys) -> str:
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    out = capsys.readouterr().out
+    start = out.index("  --checkpoint")
+    end = out.index("\n  --", start + 1)
+    return " ".join(out[start:end].split())
+
+
+def test_the_commands_that_read_a_runs_model_show_one_checkpoint_option(capsys):
+    """translate, eval-bleu and tune-decode take the same --checkpoint values: one metavar, one wording."""
+    translate = _checkpoint_help("translate", capsys)
+    assert translate.startswith("--checkpoint WHICH auto (default: the averaged model")
+    assert _checkpoint_help("eval-bleu", capsys) == translate
+    assert _checkpoint_help("tune-decode", capsys) == translate
