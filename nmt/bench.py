@@ -8,12 +8,13 @@ import resource
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
-from nmt.config import Config
+from nmt.config import Config, DecodeConfig
 from nmt.config_sources import apply_overrides
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
@@ -22,6 +23,9 @@ from nmt.files import atomic_write_bytes, check_output, check_stdout, write_stdo
 from nmt.machine import machine, machine_name
 from nmt.models.linear import onednn_available, onednn_mm
 
+if TYPE_CHECKING:
+    from nmt.translate import Translator
+
 
 @dataclass(frozen=True)
 class ModelDecoding:
@@ -29,11 +33,14 @@ class ModelDecoding:
     ``nmt translate --model RUN_DIR`` decodes it (device auto, the run's own train.precision),
     unless a --set gave train.device or train.precision, which stand for translate's --device and
     --precision. The config file's own values are the training benchmark's: a bf16 run was decoded
-    in the fp32 of the config it was benchmarked with."""
+    in the fp32 of the config it was benchmarked with. Its decoding settings are the run's own decode
+    section (as 'nmt tune-decode' may have left it), each key a --set gave replaced by the --set's
+    (decode.batch_tokens, where a batch runs out of memory), as translate's decoding options do."""
 
     run: Path
     device: str = "auto"  # "auto", or the --set's (decoded on the trainer's device: the CPU where it fell back)
     precision: str | None = None  # None: the run's train.precision (load_translator's rule)
+    decode_set: tuple[tuple[str, object], ...] = ()  # (decode key, value) a --set gave
 
 
 def model_decoding(run: Path, cfg: Config, overrides: list[str]) -> ModelDecoding:
@@ -47,6 +54,20 @@ def model_decoding(run: Path, cfg: Config, overrides: list[str]) -> ModelDecodin
         run,
         cfg.train.device if by_set("train.device") else "auto",
         cfg.train.precision if by_set("train.precision") else None,
+        tuple((f.name, getattr(cfg.decode, f.name)) for f in fields(cfg.decode) if by_set(f"decode.{f.name}")),
+    )
+
+
+def model_decode(model: ModelDecoding, run_cfg: Config) -> DecodeConfig:
+    """The decoding settings ``model``'s run is benchmarked with: its own, with the --set's keys."""
+    return replace(run_cfg.decode, **dict(model.decode_set))
+
+
+def decode_line(decode: DecodeConfig, whose: str) -> str:
+    """The decoding settings the figures were taken with, for the log (the beams are the benchmark's)."""
+    return (
+        f"decoding settings ({whose}): beams 1 and 5 (the benchmark's), length penalty {decode.length_penalty}, "
+        f"max length {decode.max_len_a:g} x source + {decode.max_len_b}, batch_tokens {decode.batch_tokens}"
     )
 
 
@@ -254,23 +275,27 @@ def _bench(trainer, cfg: Config, model: ModelDecoding | None, updates: int, warm
     if decode_sentences:
         src, trg = src[:decode_sentences], trg[:decode_sentences]
     if model is not None:
-        translator = model_translator(model, trainer.device, log)
+        translator, decode = model_translator(model, trainer.device, log)
         report["decode_model"] = str(model.run)
     else:
         log("decoding with the untrained benchmark model: pass --model RUN_DIR for realistic output lengths")
         data, kernels = trainer.data, trainer.choice.decoding()
         translator = Translator(trainer.model, data.src_tok, data.trg_tok, device, precision, kernels=kernels)
-        report["decode_model"] = None
+        report["decode_model"], decode = None, cfg.decode
+        log(decode_line(decode, "the config's decode section"))
     report["decoding_kernels"] = decoding_kernels(translator)
-    report["decoding"] = bench_decoding(translator, src, trg, cfg.decode, log)
+    report["decoding"] = bench_decoding(translator, src, trg, decode, log)
     report["peak_memory_mb"] = _peak_memory_mb(device)
     log(f"peak memory: {report['peak_memory_mb']:.0f} MiB")
     return report
 
 
-def model_translator(model: ModelDecoding, trained_on: torch.device, log: Callable[[str], None]):
-    """The ``--model`` run loaded as 'nmt translate' loads it (``ModelDecoding``), and a log line
-    saying what it decodes in and why: the scratch run's training choice does not say it."""
+def model_translator(
+    model: ModelDecoding, trained_on: torch.device, log: Callable[[str], None]
+) -> tuple[Translator, DecodeConfig]:
+    """The ``--model`` run loaded as 'nmt translate' loads it (``ModelDecoding``) with the decoding
+    settings translate would use, and log lines saying what it decodes in and why: the scratch run's
+    training choice and the --config's decode section do not say it."""
     from nmt.rundir import RunDir
     from nmt.translate import load_translator
 
@@ -279,7 +304,8 @@ def model_translator(model: ModelDecoding, trained_on: torch.device, log: Callab
     translator = load_translator(run, device, model.precision, log)
     k = decoding_kernels(translator)
     device_from = "auto" if model.device == "auto" else "--set train.device"
-    run_precision = run.config().train.precision
+    run_cfg = run.config()
+    run_precision = run_cfg.train.precision
     if model.precision is not None:
         precision_from = "--set train.precision"
     elif run_precision == "auto":
@@ -292,7 +318,10 @@ def model_translator(model: ModelDecoding, trained_on: torch.device, log: Callab
         f"decoding {model.run} as 'nmt translate' does: device {k['device']} ({device_from}), precision "
         f"{k['precision']} ({precision_from}), attention {k['attention']}, fp32 matmul {k['fp32_matmul']}"
     )
-    return translator
+    decode = model_decode(model, run_cfg)
+    set_keys = ", ".join(f"--set decode.{key}" for key, _ in model.decode_set)
+    log(decode_line(decode, "the run's decode section" + (f", {set_keys}" if set_keys else "")))
+    return translator, decode
 
 
 def decoding_kernels(translator) -> dict:

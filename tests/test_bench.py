@@ -116,6 +116,32 @@ def test_bench_model_decodes_in_the_runs_precision_not_the_configs(tmp_path, mon
     assert "precision fp32 (--set train.precision)" in capsys.readouterr().err
 
 
+def test_bench_model_decodes_with_the_runs_decode_settings_a_set_overriding_them(tmp_path, monkeypatch, capsys):
+    """--model decodes with what 'nmt translate --model RUN_DIR' would: the run's decode section (here
+    a length penalty and max length the --config does not have), not the --config's; a --set
+    decode.KEY still overrides (the out-of-memory advice's decode.batch_tokens). The log says which."""
+    from nmt import bench
+
+    seen = []
+    monkeypatch.setattr(bench, "bench_decoding", lambda translator, src, trg, decode, log: seen.append(decode) or {})
+    fixed = {"attention": "sdpa", "threads": 1, "fp32_matmul": "blas"}  # nothing to measure
+    config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1, **fixed)
+    run_decode = ["--set", "decode.length_penalty=0.6", "--set", "decode.max_len_b=7"]
+    assert main(["train", "--config", str(config), *run_decode]) == 0
+    bench_cmd = ["bench", "--config", str(config), "--updates", "1", "--warmup", "1", "--decode-sentences", "2"]
+    bench_cmd += ["--json", str(tmp_path / "bench.json"), "--model", str(tmp_path / "run")]
+    capsys.readouterr()
+    assert main([*bench_cmd, "--set", "decode.batch_tokens=300"]) == 0
+    decode = seen[-1]
+    assert (decode.length_penalty, decode.max_len_b, decode.batch_tokens) == (0.6, 7, 300)
+    err = " ".join(capsys.readouterr().err.split())
+    assert "decoding settings (the run's decode section, --set decode.batch_tokens)" in err
+    assert "length penalty 0.6, max length 1.5 x source + 7, batch_tokens 300" in err
+    assert main(bench_cmd[:-2]) == 0  # no --model: the --config's own
+    assert (seen[-1].length_penalty, seen[-1].max_len_b) == (1.0, 4)
+    assert "decoding settings (the config's decode section)" in capsys.readouterr().err
+
+
 def test_bench_refuses_a_trained_run_where_its_scratch_run_goes(tmp_path, capsys):
     config = tiny_config(tmp_path, max_updates=2, validate_every=2, warmup_updates=1)
     assert main(["train", "--config", str(config), "--set", f"run_dir={tmp_path / 'run-bench'}"]) == 0
