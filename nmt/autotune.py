@@ -173,11 +173,8 @@ def choose(
     request = for_model(request, model)  # nothing to measure, cache or log for a model without a kernel
     if device.type == "cpu":  # elsewhere the library serves nothing (translating a CPU run on a GPU)
         check_fp32_matmul(request.fp32_matmul, device.type)
-    needs = [request.precision == "auto", request.attention == "auto"]
-    needs.append(measures_fp32_matmul(request, device.type))
-    if device.type == "cpu" and world_threads is None:
-        needs.append(request.threads == "auto")
-    if not any(needs):
+    left = left_to_auto(request, device.type, world_threads)
+    if not left:
         threads = None if device.type != "cpu" else world_threads or int(request.threads)
         attention = "sdpa" if request.attention == "auto" else request.attention
         return Choice(request.precision, attention, threads, fp32_matmul=request.named_fp32_matmul)
@@ -189,15 +186,17 @@ def choose(
     if run_record is not None and record_use != "start":
         kept = _kept_by_run(run_record, key, device, request, log if record_use == "resume" else None)
         if kept is not None and record_use == "read" and measured_busy(kept):
+            # Only what is still auto here is said, and measured again: what the config names is no choice.
             log(
-                f"auto: the run's choice was measured while other jobs shared the cores ({kept.cpu_use:.0%} of "
-                "the CPU time its threads would have had alone): decoding in this machine's own"
+                f"auto: the run's {_listed(left)} {'was' if len(left) == 1 else 'were'} measured while other "
+                f"jobs shared the cores ({kept.cpu_use:.0%} of the CPU time its threads would have had alone): "
+                "decoding in this machine's own"
             )
         elif kept is not None:
             if measured_busy(kept):
                 log(f"auto: {_BUSY_RUN_CHOICE.format(use=kept.cpu_use)}")
             return kept
-    choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log)
+    choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log, left)
     if run_record is not None and record_use == "start" and measured_busy(choice):
         log(f"auto: {_BUSY_RUN_CHOICE.format(use=choice.cpu_use)}")
     if run_record is not None and record_use != "read" and not write_cache(run_record, {key: choice.to_dict()}):
@@ -238,6 +237,22 @@ def _kept_by_run(
     return None
 
 
+def left_to_auto(request: Request, device_type: str, world_threads: int | None = None) -> list[str]:
+    """What ``request`` leaves to ``auto`` on ``device_type``: the dimensions a measurement times,
+    in the log's words (a decoding reader uses the kernels and library as measured for decoding)."""
+    left = ["fp32 product library"] if measures_fp32_matmul(request, device_type) else []
+    left += ["precision"] if request.precision == "auto" else []
+    left += ["attention kernel"] if request.attention == "auto" else []
+    if device_type == "cpu" and world_threads is None and request.threads == "auto":
+        left.append("threads")
+    return left
+
+
+def _listed(names: list[str]) -> str:
+    """'a', 'a and b', 'a, b and c'."""
+    return " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+
+
 def measured_busy(choice: Choice) -> bool:
     """Whether ``choice`` was measured while other jobs shared the cores: its threads count and
     kernels are then what a busy machine favoured (one thread where the other core was taken)."""
@@ -245,7 +260,15 @@ def measured_busy(choice: Choice) -> bool:
 
 
 def _cached_or_measured(
-    request: Request, shape: Shape, device: torch.device, world_threads, key: str, info: dict, cache: Path, log
+    request: Request,
+    shape: Shape,
+    device: torch.device,
+    world_threads,
+    key: str,
+    info: dict,
+    cache: Path,
+    log,
+    left: list[str],
 ) -> Choice:
     """The machine's cached choice for ``key``, or a new measurement (cached unless other jobs
     shared the cores while it ran)."""
@@ -254,7 +277,7 @@ def _cached_or_measured(
     if cached is not None:
         return cached
     start = time.perf_counter()
-    log(f"auto: measuring products/precision/attention/threads on {machine_name(info)} ...")
+    log(f"auto: measuring {_listed(left)} on {machine_name(info)} ...")
     choice = measure(request, shape, device, world_threads)
     if measured_busy(choice):
         log(

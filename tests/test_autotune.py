@@ -243,11 +243,43 @@ def test_a_reader_does_not_decode_in_a_choice_the_run_measured_on_busy_cores(tmp
     assert sum(kept_for_life in m for m in lines) == 2  # and told again when it resumes
     read = choose("read")
     assert (read.source, read.threads) == ("measured", 2)
-    assert any("the run's choice was measured while other jobs shared the cores (45%" in m for m in lines)
+    assert any(
+        "precision, attention kernel and threads were measured while other jobs shared the cores (45%" in m
+        for m in lines
+    )
     assert (choose("read").source, choose("read").threads) == ("cached", 2)  # the idle measurement was cached
     record.write_text(record.read_text().replace("0.45", "0.9"))  # a record measured on idle cores is the reader's
     assert (choose("read").source, choose("read").threads) == ("kept", 1)
     assert choose("resume").source == "kept" and sum("keeps it for its life" in m for m in lines) == 2
+
+
+def test_a_reader_speaks_of_a_busy_measurement_only_for_what_is_still_auto(tmp_path, monkeypatch):
+    """A run whose config names its precision and threads, measured on busy cores: its reader says
+    (and measures again) only the attention kernel left to auto, not a busy choice of threads or
+    precision the config fixed."""
+
+    def measure(request, shape, device, world_threads=None):
+        timings = {"precision/attention": {"fp32/sdpa": 1.0}}
+        return Choice("fp32", "sdpa", 2, timings, "measured", "x", cpu_use=0.4, fp32_matmul="blas")
+
+    monkeypatch.setattr(autotune, "measure", measure)
+    monkeypatch.setattr(autotune, "usable_cpus", lambda: 2)
+    record, lines = tmp_path / "run" / "kernels.json", []
+    request = Request("fp32", "auto", 2, "blas")
+
+    def choose(use: str) -> Choice:
+        log = lines.append
+        return autotune.choose(
+            request, SMALL, 50, 4096, 100, CPU, log, cache=tmp_path, run_record=record, record_use=use
+        )
+
+    choose("start")
+    lines.clear()
+    assert choose("read").source == "measured"
+    assert lines[0].startswith("auto: the run's attention kernel was measured while other jobs shared the cores (40%")
+    assert lines[1].startswith("auto: measuring attention kernel on ")
+    said = [line.split(" (")[0] for line in lines[:2]]  # what they name, not the CPU time's wording
+    assert not any("threads" in line or "precision" in line for line in said)
 
 
 def test_nothing_auto_measures_nothing(tmp_path, counted):
