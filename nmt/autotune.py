@@ -194,23 +194,35 @@ def choose(
             )
         elif kept is not None:
             if measured_busy(kept):
-                log(f"auto: {_BUSY_RUN_CHOICE.format(use=kept.cpu_use)}")
+                log(f"auto: {busy_run_choice(kept.cpu_use, left)}")
             return kept
     choice = _cached_or_measured(request, shape, device, world_threads, key, info, cache or cache_dir(), log, left)
     if run_record is not None and record_use == "start" and measured_busy(choice):
-        log(f"auto: {_BUSY_RUN_CHOICE.format(use=choice.cpu_use)}")
+        log(f"auto: {busy_run_choice(choice.cpu_use, left)}")
     if run_record is not None and record_use != "read" and not write_cache(run_record, {key: choice.to_dict()}):
         log(f"auto: could not write {run_record}; a resumed run chooses again")
     return choice
 
 
-# Said where a training run starts or resumes in a choice measured on busy cores: it stays the run's.
-_BUSY_RUN_CHOICE = (
-    "this run's choice was measured while other jobs shared the cores ({use:.0%} of the CPU time its "
-    "threads would have had alone), and the run keeps it for its life, resumes included, so that it "
-    "computes as it would have uninterrupted; to train in the machine's own choice, start the run anew "
-    "on quiet cores, or name train.threads (and train.precision) in the config"
-)
+# The config key of each dimension ``left_to_auto`` names.
+_AUTO_KEYS = {
+    "fp32 product library": "train.fp32_matmul",
+    "precision": "train.precision",
+    "attention kernel": "train.attention",
+    "threads": "train.threads",
+}
+
+
+def busy_run_choice(use: float, left: list[str]) -> str:
+    """Said where a training run starts or resumes in a choice measured on busy cores: it stays the
+    run's. The advice names the keys still left to auto (``left``), not ones the config already gives."""
+    keys = _listed([_AUTO_KEYS[name] for name in left])
+    return (
+        f"this run's choice was measured while other jobs shared the cores ({use:.0%} of the CPU time its "
+        "threads would have had alone), and the run keeps it for its life, resumes included, so that it "
+        "computes as it would have uninterrupted; to train in the machine's own choice, start the run anew "
+        f"on quiet cores, or name {keys} in the config"
+    )
 
 
 def _kept_by_run(

@@ -239,6 +239,9 @@ def test_a_reader_does_not_decode_in_a_choice_the_run_measured_on_busy_cores(tmp
     assert choose("start").threads == 1  # busy cores: recorded by the run, not cached
     kept_for_life = "(45% of the CPU time its threads would have had alone), and the run keeps it for its life"
     assert sum(kept_for_life in m for m in lines) == 1  # the run is told, and how to train in the machine's own
+    assert lines[-1].endswith(
+        "or name train.fp32_matmul, train.precision, train.attention and train.threads in the config"
+    )
     assert choose("resume").source == "kept"  # the run itself computes on as it started
     assert sum(kept_for_life in m for m in lines) == 2  # and told again when it resumes
     read = choose("read")
@@ -274,6 +277,8 @@ def test_a_reader_speaks_of_a_busy_measurement_only_for_what_is_still_auto(tmp_p
         )
 
     choose("start")
+    # The run's own advice names the key still left to auto, not the ones the config already gives.
+    assert lines[-1].endswith("or name train.attention in the config")
     lines.clear()
     assert choose("read").source == "measured"
     assert lines[0].startswith("auto: the run's attention kernel was measured while other jobs shared the cores (40%")
