@@ -42,7 +42,7 @@ def cmd_prepare(args: argparse.Namespace) -> int:
     cfg = load_config(args.config, args.set)
     check_saved_corpora(cfg, Path(args.config), ("train", "dev"), overrides=args.set)
     run = RunDir(cfg.run_dir)
-    cfg = run.open_for_training(cfg, Path(args.config), log, "prepare")
+    cfg = run.open_for_training(cfg, Path(args.config), log, "prepare", args.set)
     try:
         start = time.perf_counter()
         data = prepare(cfg, run, log)

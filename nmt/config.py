@@ -8,6 +8,7 @@ known one. Code below the CLI receives these objects, never raw dicts.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -342,29 +343,41 @@ def _error_with(path: Path, overrides: list[str], training: bool) -> str | None:
     return None
 
 
-def check_on_this_machine(cfg: Config, path: str | Path, overrides: list[str]) -> None:
-    """``train.device`` and ``train.precision`` against this machine (no GPU, no bf16 kernels), which
-    only a command that trains here asks; its error says where the value came from, as load_config's do."""
-    from nmt.device import check_train_device
-
+def check_with_place(
+    check: Callable[[Config], None], cfg: Config, path: str | Path | None, overrides: list[str] | None
+) -> None:
+    """``check(cfg)``, a check of a loaded config that only some commands ask (this machine's device,
+    a new run's scoring), its error saying where the value came from as load_config's do: the --set,
+    else the file's line. ``path`` None (a config built in code): the error as it is."""
     try:
-        check_train_device(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+        check(cfg)
     except NMTError as e:
-        path = Path(path)
-        source = error_cause(str(e), path, overrides, lambda some: _machine_error_with(path, some))
+        if path is None:
+            raise
+        path, overrides = Path(path), overrides or []
+        source = error_cause(str(e), path, overrides, lambda some: _check_error_with(check, path, some))
         raise NMTError(f"{source}: {e}") from None
 
 
-def _machine_error_with(path: Path, overrides: list[str]) -> str | None:
-    """check_on_this_machine's error for the file with these of its --set overrides, or None."""
-    from nmt.device import check_train_device
-
+def _check_error_with(check: Callable[[Config], None], path: Path, overrides: list[str]) -> str | None:
+    """``check``'s error for the file with these of its --set overrides, or None."""
     try:
-        cfg = load_config(path, overrides)
-        check_train_device(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
+        check(load_config(path, overrides))
     except NMTError as e:
         return str(e)
     return None
+
+
+def check_on_this_machine(cfg: Config, path: str | Path, overrides: list[str]) -> None:
+    """``train.device`` and ``train.precision`` against this machine (no GPU, no bf16 kernels), which
+    only a command that trains here asks."""
+    check_with_place(_check_device, cfg, path, overrides)
+
+
+def _check_device(cfg: Config) -> None:
+    from nmt.device import check_train_device
+
+    check_train_device(cfg.train.device, cfg.train.precision, cfg.train.cpu_fallback)
 
 
 def config_to_dict(cfg: Config) -> dict:

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
-from nmt.config import Config, CorpusConfig, config_to_dict
+from nmt.config import Config, CorpusConfig, check_with_place, config_to_dict
 from nmt.config_checks import check_case_folding_scoring, check_held_out_corpora
 from nmt.config_sources import apply_overrides, file_place, read_yaml
 from nmt.corpus import local_corpus_gone
@@ -86,16 +86,16 @@ def check_resumable(old: Config, new: Config) -> None:
         )
 
 
-def check_new_run_scoring(cfg: Config, config_file: Path | None) -> None:
+def check_new_run_scoring(cfg: Config, config_file: Path | None, overrides: list[str] | None = None) -> None:
     """``check_case_folding_scoring`` and ``check_held_out_corpora`` for a run that has ranked no
-    scores yet, naming the config file: a run already trained resumes on the data it started with."""
-    try:
-        check_case_folding_scoring(cfg)
-        check_held_out_corpora(cfg)
-    except NMTError as e:
-        if config_file is None:
-            raise
-        raise NMTError(f"{config_file}: {e}") from None
+    scores yet, naming the config file's line or the --set that gave the value: a run already
+    trained resumes on the data it started with."""
+    check_with_place(_new_run_scoring, cfg, config_file, overrides)
+
+
+def _new_run_scoring(cfg: Config) -> None:
+    check_case_folding_scoring(cfg)
+    check_held_out_corpora(cfg)
 
 
 def check_saved_corpora(

@@ -240,7 +240,12 @@ class RunDir:
     # -- writing
 
     def open_for_training(
-        self, cfg: Config, config_file: Path | None, log: Callable[[str], None], command: str = "train"
+        self,
+        cfg: Config,
+        config_file: Path | None,
+        log: Callable[[str], None],
+        command: str = "train",
+        overrides: list[str] | None = None,
     ) -> Config:
         """Make this process the run's one writer: create the directory, take the lock, and refuse a
         config that cannot resume the run's checkpoints. The caller records the config
@@ -251,7 +256,8 @@ class RunDir:
         config file given, unless that file is the run's own resolved config (a resume).
 
         Returns ``cfg``, with the decoding 'nmt tune-decode' chose for the run where ``cfg`` repeats
-        what that replaced (``kept_tuned_decode``).
+        what that replaced (``kept_tuned_decode``). ``config_file`` and ``overrides`` (its --set options)
+        are where ``cfg`` was read from, which an error in its values names.
         """
         if config_file is not None and _real(config_file.absolute().parent) == _real(self.path):
             if not written_by_nmt(config_file):
@@ -269,7 +275,7 @@ class RunDir:
                     "set run_dir to a directory of its own, e.g. runs/NAME"
                 )
         if not (self.config_path.exists() and self.has_checkpoints()):  # a resume: check_resumable below
-            check_new_run_scoring(cfg, config_file)
+            check_new_run_scoring(cfg, config_file, overrides)
         self.check_apart_from_corpora(cfg)
         self.check_apart_from_other_runs()
         try:

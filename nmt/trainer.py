@@ -96,9 +96,10 @@ class Trainer(UpdateStep):
 
     # -- setup ------------------------------------------------------------------------------
 
-    def setup(self, resume: bool = True, config_file=None) -> None:
+    def setup(self, resume: bool = True, config_file=None, overrides: list[str] | None = None) -> None:
         """Device, run directory (rank 0 takes its lock), data, kernels, model, optimizer; then
-        the latest checkpoint's state when ``resume`` and there is one."""
+        the latest checkpoint's state when ``resume`` and there is one. ``config_file`` and its --set
+        ``overrides``: where ``cfg`` was read from, for the errors in its values."""
         cfg, world = self.cfg, self.world
 
         def warn(message: str) -> None:
@@ -126,7 +127,7 @@ class Trainer(UpdateStep):
         # Rank 0 takes the run and prepares the data while the others wait; they then find it done
         # and only open it. Each step ends with every rank knowing whether it went well everywhere.
         rank_failures.agree(
-            world, lambda: self._take_run(config_file, resume) if world.is_main else None, solo_work=True
+            world, lambda: self._take_run(config_file, overrides, resume) if world.is_main else None, solo_work=True
         )
         self.data: Prepared = rank_failures.agree(
             world, lambda: self.data if world.is_main else prepare(self.cfg, self.run, self.log, made_by_rank_0=True)
@@ -187,11 +188,11 @@ class Trainer(UpdateStep):
         on GPUs each rank has its own."""
         return self.world.local_world_size if self.world.enabled and self.device.type == "cpu" else 1
 
-    def _take_run(self, config_file, resume: bool) -> None:
+    def _take_run(self, config_file, overrides: list[str] | None, resume: bool) -> None:
         """Rank 0: the run's lock (refusing a config that cannot resume it, and, where ``resume``, a
         run that has trained but lost its training states), its log (with the messages said before
         it was open), and its data prepared (tokenizers, shards)."""
-        self.cfg = self.run.open_for_training(self.cfg, config_file, self.log)
+        self.cfg = self.run.open_for_training(self.cfg, config_file, self.log, overrides=overrides)
         if resume:
             self.run.check_not_starting_over()
         self.train_log.open()

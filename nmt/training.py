@@ -39,7 +39,7 @@ def train(
     closing: contextlib.AbstractContextManager = contextlib.nullcontext()
     try:
         try:
-            return run(trainer, config_file)
+            return run(trainer, config_file, overrides)
         except rank_failures.PeerLost:
             # torchrun SIGTERMs the ranks left as soon as it sees one fail: rank 0 has saved and only
             # ends now, and the signal would replace its report with 'interrupted'.
@@ -94,9 +94,10 @@ def how_it_ended(error: BaseException) -> str:
     return f"error: {error_line(error)}"
 
 
-def run(trainer: Trainer, config_file: Path | None = None) -> Progress:
-    """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update."""
-    trainer.setup(config_file=config_file)
+def run(trainer: Trainer, config_file: Path | None = None, overrides: list[str] | None = None) -> Progress:
+    """Set ``trainer`` up, train it until a stopping rule fires, and validate the last update;
+    ``config_file`` and its --set ``overrides`` are where its config was read from."""
+    trainer.setup(config_file=config_file, overrides=overrides)
     trainer.save_before_failed_update = True
     p = trainer.progress
     note = extended_past_its_last_validation(trainer.cfg.train, p)

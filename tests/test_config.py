@@ -354,6 +354,22 @@ def test_a_case_folding_tokenizer_needs_case_insensitive_bleu(rule):
     check_case_folding_scoring(replace(folding, decode=replace(folding.decode, bleu_lowercase=True)))
 
 
+def test_a_new_runs_scoring_error_names_the_line_or_the_set_that_gave_the_value(tmp_path, monkeypatch, capsys):
+    # Checked as the run starts (open_for_training), which had the config file but not its --set
+    # options: the error named the file alone, as though the file gave the value.
+    monkeypatch.chdir(tmp_path)
+    given = "data: {train: a, dev: a}\ntrain: {max_updates: 5, warmup_updates: 1}\n"
+    given += "tokenizer: {normalization: nmt_nfkc_cf}\n"
+    folding = "config key 'decode.bleu_lowercase': tokenizer.normalization 'nmt_nfkc_cf' lower-cases the translations"
+    path = write(tmp_path, given + "decode: {bleu_lowercase: false}\n")
+    assert main(["prepare", "--config", str(path)]) == 2
+    assert f"nmt prepare: error: {path}: line 4, column 10: {folding}" in capsys.readouterr().err
+    path = write(tmp_path, given)
+    assert main(["prepare", "--config", str(path), "--set", "decode.bleu_lowercase=false"]) == 2
+    assert f"nmt prepare: error: --set decode.bleu_lowercase=false: {folding}" in capsys.readouterr().err
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
+
+
 @pytest.mark.parametrize("positions", ["learned", "sinusoidal"])
 def test_positions_must_cover_the_longest_training_pair(positions):
     """A pair of data.max_len subwords takes max_len + 1 positions (EOS on the source, BOS on the
@@ -715,7 +731,9 @@ def test_a_held_out_dataset_reading_the_training_split_is_refused_as_a_run_start
     assert main(["prepare", "--config", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "Traceback" not in err
-    assert f"c.yaml: config key 'data.{split}': reads split 'train' of {tmp_path / 'ds'}, the same data as" in err
+    column = path.read_text().splitlines()[1].index(f"{split}:") + 1  # the line of data.SPLIT
+    place = f"c.yaml: line 2, column {column}"
+    assert f"{place}: config key 'data.{split}': reads split 'train' of {tmp_path / 'ds'}, the same data as" in err
     assert f"name its own split (data.{split}.split" in err
     assert not (tmp_path / "run").exists()  # refused before anything is written
 

@@ -269,7 +269,8 @@ def test_a_case_folding_run_an_earlier_version_started_with_cased_bleu_resumes(t
     capsys.readouterr()
     assert main(["train", "--config", str(config), *folding]) == 2
     [line] = capsys.readouterr().err.strip().splitlines()
-    assert line.startswith(f"nmt train: error: {config}: config key 'decode.bleu_lowercase'"), line
+    set_there = f"{config} with --set tokenizer.normalization=nmt_nfkc_cf"  # the --set that caused it
+    assert line.startswith(f"nmt train: error: {set_there}: config key 'decode.bleu_lowercase'"), line
     assert not (tmp_path / "run").exists()
     lowercase = ["--set", "decode.bleu_lowercase=true"]
     assert main(["train", "--config", str(config), *folding, *lowercase]) == 0
