@@ -5,13 +5,15 @@ dataset only). ``nmt.config`` runs them once the sections are built; each error 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
-from nmt.corpus import resolve_format
+from nmt.corpus import check_corpus_exists, resolve_format
 from nmt.corpus_spec import CorpusConfig, hf_keys_changed
 from nmt.errors import NMTError
 from nmt.hf_corpus import check_local_revision, check_saved_config, check_saved_split
 from nmt.models import TransformerConfig
+from nmt.synthetic import corpus_directory
 
 if TYPE_CHECKING:
     from nmt.config import Config
@@ -150,6 +152,17 @@ def check_held_out_corpora(cfg: Config) -> None:
             f"so {split} scores would be measured on training pairs: name its own split "
             f"(data.{split}.split, e.g. validation or test) or dataset"
         )
+
+
+def check_training_corpora(cfg: Config) -> None:
+    """The local training and dev corpora there (``check_corpus_exists``), as a run starts: before
+    any work, and where the error can name the line or --set that gave the path. Those data.synthetic
+    writes into data.train's directory are checked once it has written them (``nmt.prepare``)."""
+    d = cfg.data
+    for split in ("train", "dev"):
+        spec = getattr(d, split)
+        if not (d.synthetic and Path(spec.path).parent == corpus_directory(d.train.path)):
+            check_corpus_exists(spec, d.src_lang, d.trg_lang, f"data.{split}")
 
 
 def check_corpus_formats(cfg: Config) -> None:

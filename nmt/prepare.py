@@ -268,7 +268,9 @@ def prepare(cfg: Config, run: RunDir, log: Callable[[str], None], made_by_rank_0
             seed=cfg.data.synthetic_seed,
         )
     d = cfg.data
-    for split in ("dev",) if made_by_rank_0 else ("train", "dev"):  # rank 0 read the training corpus
+    # Checked as the run was opened (naming the config's line), but not the corpus data.synthetic has
+    # just written, nor on the other ranks (rank 0 read the training corpus).
+    for split in ("dev",) if made_by_rank_0 else ("train", "dev"):
         check_corpus_exists(getattr(d, split), d.src_lang, d.trg_lang, f"data.{split}")
     dev_src, dev_trg = _read_clean(cfg.data.dev, cfg, "dev", log)
     cfg = _pinned_to_commit(cfg, run, log, keep_the_runs=made_by_rank_0 or run.has_checkpoints())

@@ -25,7 +25,8 @@ import shlex
 from collections.abc import Callable
 from pathlib import Path
 
-from nmt.config import Config, CorpusConfig, config_to_dict, config_yaml, load_config
+from nmt.config import Config, CorpusConfig, check_with_place, config_to_dict, config_yaml, load_config
+from nmt.config_checks import check_training_corpora
 from nmt.corpus import plain_paths
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes, is_temporary
@@ -248,9 +249,10 @@ class RunDir:
         overrides: list[str] | None = None,
     ) -> Config:
         """Make this process the run's one writer: create the directory, take the lock, and refuse a
-        config that cannot resume the run's checkpoints. The caller records the config
-        (``write_config``) once its data is prepared and its checkpoint loaded, so a start that
-        fails leaves the run's config.yaml, and the command that resumes it, as they were.
+        config whose training corpora are missing, or that cannot resume the run's checkpoints. The
+        caller records the config (``write_config``) once its data is prepared and its checkpoint
+        loaded, so a start that fails leaves the run's config.yaml, and the command that resumes it,
+        as they were.
 
         The config a user wrote is never rewritten: ``run_dir`` may not be the directory of the
         config file given, unless that file is the run's own resolved config (a resume).
@@ -276,6 +278,7 @@ class RunDir:
                 )
         if not (self.config_path.exists() and self.has_checkpoints()):  # a resume: check_resumable below
             check_new_run_scoring(cfg, config_file, overrides)
+        check_with_place(check_training_corpora, cfg, config_file, overrides)
         self.check_apart_from_corpora(cfg)
         self.check_apart_from_other_runs()
         try:

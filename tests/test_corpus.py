@@ -243,17 +243,25 @@ def test_auto_plain_files_beside_a_directory_of_the_prefix_are_ambiguous(tmp_pat
     assert main(["train", "--config", str(config), *plain]) == 0
 
 
+@pytest.mark.parametrize("command", ["prepare", "train"])
 @pytest.mark.parametrize("split", ["train", "dev"])
-def test_a_missing_corpus_names_its_config_key(tmp_path, capsys, split):
-    # The error named the files alone, and a config names three corpora.
+def test_a_missing_corpus_names_its_config_key_and_where_it_was_given(tmp_path, capsys, split, command):
+    # The error named the files alone, and a config names three corpora; then the key alone, checked
+    # once the config's file and --set options were out of reach.
     from nmt.cli import main
 
     config = tiny_config(tmp_path)
     missing = tmp_path / "nowhere" / "corpus"
-    assert main(["prepare", "--config", str(config), "--set", f"data.{split}={missing}"]) == 2
-    assert capsys.readouterr().err.splitlines()[-1] == (
-        f"nmt prepare: error: config key 'data.{split}': no such corpus: {missing}.de / {missing}.en"
-    )
+    assert main([command, "--config", str(config), "--set", f"data.{split}={missing}"]) == 2
+    no_such = f"config key 'data.{split}': no such corpus: {missing}.de / {missing}.en"
+    assert capsys.readouterr().err.splitlines()[-1] == f"nmt {command}: error: --set data.{split}={missing}: {no_such}"
+    text = config.read_text()
+    config.write_text(text.replace(f"{split}: {tmp_path / 'data' / 'train'}", f"{split}: {missing}"))
+    line = config.read_text().splitlines().index(f"  {split}: {missing}") + 1
+    assert main([command, "--config", str(config)]) == 2
+    place = f"{config}: line {line}, column 3"
+    assert capsys.readouterr().err.splitlines()[-1] == f"nmt {command}: error: {place}: {no_such}"
+    assert not (tmp_path / "run").exists()  # found before any work
 
 
 def test_auto_missing_path_like_prefix(tmp_path):
