@@ -278,20 +278,17 @@ def resolve_format(spec: CorpusConfig, src_lang: str, trg_lang: str) -> str:
     if Path(path).is_file():
         raise lone_data_file(path)
     if looks_like_path(path) or _existing_plain_file(path, trg_lang) is not None:
-        raise NoSuchCorpus(f"no such corpus: {path}.{src_lang} / {path}.{trg_lang}")
+        raise NMTError(f"no such corpus: {path}.{src_lang} / {path}.{trg_lang}")
     return "hf"
 
 
-class NoSuchCorpus(NMTError):
-    """A local corpus path whose files are not there."""
-
-
 def check_corpus_exists(spec: CorpusConfig, src_lang: str, trg_lang: str, key: str) -> None:
-    """Refuse a local corpus whose files are missing, naming the config ``key`` that gave it: read
-    later, the error named the files alone, and a config holds several corpora."""
+    """Refuse a local corpus whose files are missing, or that is no corpus of a format (a lone
+    .parquet file, plain files beside a directory of their name), naming the config ``key`` that
+    gave it: read later, the error named the files alone, and a config holds several corpora."""
     try:
         resolve_format(spec, src_lang, trg_lang)
-    except NoSuchCorpus as e:
+    except NMTError as e:
         raise NMTError(f"config key '{key}': {e}") from None
 
 

@@ -853,6 +853,23 @@ def test_a_dataset_without_the_datasets_package_is_one_line(tmp_path, monkeypatc
     )
 
 
+def test_a_lone_data_file_in_a_config_names_its_key_and_where_it_was_given(tmp_path, capsys):
+    # As a missing corpus does: the error named the file alone, not the key (nor the line) that gave it.
+    from nmt.cli import main
+
+    config = tiny_config(tmp_path)
+    data_file = tmp_path / "train.parquet"
+    data_file.write_bytes(b"PAR1")  # a file is all it takes: no format reads one
+    lone = f"config key 'data.train': {data_file}: a file, but neither TSV (.tsv, .tsv.gz) nor a PREFIX of plain files"
+    assert main(["prepare", "--config", str(config), "--set", f"data.train={data_file}"]) == 2
+    assert capsys.readouterr().err.startswith(f"nmt prepare: error: --set data.train={data_file}: {lone}")
+    config.write_text(config.read_text().replace(f"train: {tmp_path / 'data' / 'train'}", f"train: {data_file}"))
+    line = config.read_text().splitlines().index(f"  train: {data_file}") + 1
+    assert main(["prepare", "--config", str(config)]) == 2
+    assert capsys.readouterr().err.startswith(f"nmt prepare: error: {config}: line {line}, column 3: {lone}")
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("fmt", ["auto", "hf"])
 def test_a_lone_data_file_is_named_as_a_file_not_a_missing_corpus(tmp_path, fmt):
     datasets = pytest.importorskip("datasets")
