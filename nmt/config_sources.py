@@ -266,17 +266,26 @@ def file_values_set_into(values: dict, overrides: list[str]) -> list[tuple[str, 
 _ERROR_KEY = re.compile(r"(?:unknown )?config key '([^']+)'")
 
 
+# The other keys a check across keys names in its message ("exceeds train.max_updates 30").
+_OTHER_KEY = re.compile(r"\b(?:data|tokenizer|model|train|decode)(?:\.[a-z][a-z0-9_]*)+")
+
+
+def _set_giving(key: str, overrides: list[str]) -> str | None:
+    """The --set that gives the dotted ``key`` (itself, a section holding it, or a key within it),
+    the last such winning as it does for the value; None where none does."""
+    for text in reversed(overrides):
+        given = _set_key(*parse_override(text))
+        if key == given or key.startswith(given + ".") or given.startswith(key + "."):
+            return text
+    return None
+
+
 def error_source(message: str, path: Path, overrides: list[str]) -> str:
     """``--set KEY=VALUE`` when the key the error names was given (or lies in a section given) on
     the command line, the last such --set winning as it does for the value; else the file."""
     match = _ERROR_KEY.match(message)
-    if match is not None:
-        key = match.group(1)
-        for text in reversed(overrides):
-            given = _set_key(*parse_override(text))
-            if key == given or key.startswith(given + ".") or given.startswith(key + "."):
-                return f"--set {text}"
-    return str(path)
+    text = None if match is None else _set_giving(match.group(1), overrides)
+    return str(path) if text is None else f"--set {text}"
 
 
 def key_mark(path: Path, key: str) -> yaml.Mark | None:
@@ -308,12 +317,20 @@ def key_mark(path: Path, key: str) -> yaml.Mark | None:
     return mark
 
 
-def file_place(message: str, path: Path) -> str:
+def file_place(message: str, path: Path, overrides: list[str] | None = None) -> str:
     """``path: line L, column C`` of the key the config error ``message`` names, where the file writes
-    it (the form of the YAML errors read_yaml reports); else the file alone."""
+    it (the form of the YAML errors read_yaml reports); where that key is a default, of the first other
+    key the message names (a check across keys: 'exceeds train.max_updates 30') that the file gives
+    and no --set of ``overrides`` replaces; else the file alone."""
     match = _ERROR_KEY.match(message)
-    mark = None if match is None else key_mark(path, match.group(1))
-    return str(path) if mark is None else f"{path}: line {mark.line + 1}, column {mark.column + 1}"
+    if match is None:
+        return str(path)
+    others = [key for key in _OTHER_KEY.findall(message, match.end()) if _set_giving(key, overrides or []) is None]
+    for key in (match.group(1), *others):
+        mark = key_mark(path, key)
+        if mark is not None:
+            return f"{path}: line {mark.line + 1}, column {mark.column + 1}"
+    return str(path)
 
 
 def error_cause(message: str, path: Path, overrides: list[str], error_with: Callable[[list[str]], str | None]) -> str:
@@ -327,6 +344,6 @@ def error_cause(message: str, path: Path, overrides: list[str], error_with: Call
     if source != str(path):
         return source
     if not overrides or error_with([]) == message:
-        return file_place(message, path)
+        return file_place(message, path, overrides)
     alone = [text for text in overrides if error_with([text]) == message]
-    return f"{file_place(message, path)} with " + ", ".join(f"--set {text}" for text in alone or overrides)
+    return f"{file_place(message, path, overrides)} with " + ", ".join(f"--set {text}" for text in alone or overrides)

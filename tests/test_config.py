@@ -799,6 +799,17 @@ def test_an_error_a_set_causes_through_another_key_names_that_set_with_the_file(
     assert load_config(two, ["train.max_epochs=null"]).train.max_minutes == 5
 
 
+def test_a_check_across_keys_against_a_default_names_the_line_of_the_key_the_file_gives(tmp_path):
+    # warmup_updates is the default 1000, which no line of the file gives: the error named the file alone.
+    path = write(tmp_path, "data: {train: a, dev: b}\ntrain:\n  lr_peak: 0.001\n  max_updates: 30\n")
+    warmup = "config key 'train.warmup_updates': 1000 exceeds train.max_updates"
+    with pytest.raises(NMTError, match=rf"^{re.escape(str(path))}: line 4, column 3: {warmup} 30$"):
+        load_config(path)
+    # A --set that replaces the file's key: its line holds no value in force, so the file and the --set.
+    with pytest.raises(NMTError, match=rf"^{re.escape(str(path))} with --set train.max_updates=20: {warmup} 20$"):
+        load_config(path, ["train.max_updates=20"])
+
+
 def test_an_error_the_file_has_itself_names_the_file_whatever_is_set(tmp_path):
     path = write(tmp_path, "data: {train: a, dev: b}\ntrain: {max_minutes: 5}\nmodel: {d_model: 90, heads: 4}\n")
     with pytest.raises(
