@@ -37,6 +37,14 @@ _DEV_SCORE_KEYS = (
 )
 
 
+def empty_saved_corpus(config_file: Path, split: str, problem: str) -> NMTError:
+    """The error for a corpus the run's saved config names at data.SPLIT that holds no pair to read
+    (``problem`` says how), at the line of its path in ``config_file``: the file may have been
+    emptied since the run trained on it."""
+    message = f"config key 'data.{split}.path': {problem}"
+    return NMTError(f"{file_place(message, config_file)}: {message}")
+
+
 def written_by_nmt(path: Path) -> bool:
     """Whether ``path`` begins with ``CONFIG_HEADER``: a run's config.yaml that 'nmt train' wrote."""
     try:

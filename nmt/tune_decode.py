@@ -21,7 +21,7 @@ from nmt.config_checks import check_beam_size
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write_bytes
-from nmt.run_config import tuned_decode_report
+from nmt.run_config import empty_saved_corpus, tuned_decode_report
 from nmt.rundir import RunDir
 from nmt.scoring import bleu_only, check_run_bleu
 
@@ -98,8 +98,11 @@ def tune_decode(run: RunDir, beams, penalties, device: str, which: str, log: Cal
     run.lock(log, "tune-decode")
     try:
         run.checkpoints(cfg).read_index()  # one that cannot be read: said now, not after the grid
-        translator = load_translator(run, device, None, log, which)
         src, ref, _ = clean_pairs(*read_parallel(cfg.data.dev, cfg.data.src_lang, cfg.data.trg_lang))
+        if not src:  # sacreBLEU fails on no sentences with an IndexError
+            problem = f"the corpus '{cfg.data.dev.path}' is empty after cleaning: no dev pair to tune on"
+            raise empty_saved_corpus(run.config_path, "dev", problem)
+        translator = load_translator(run, device, None, log, which)
         trials = grid(lambda d: [h[0] for h in translator.translate(src, d)], ref, cfg.decode, beams, penalties, log)
         best = best_trial(trials)
         before = untuned_decode(cfg.decode, run.tune_decode_path)

@@ -2,10 +2,11 @@
 
 import json
 import math
+import re
 
 import pytest
 import yaml
-from conftest import NO_SPACE, refuse_writes, tiny_config
+from conftest import NO_SPACE, refuse_writes, tiny_config, write_corpus
 
 from nmt import checkpoint_choice, checkpoint_file
 from nmt.cli import main
@@ -293,4 +294,22 @@ def test_a_disk_that_refuses_the_report_leaves_the_run_decoding_as_before(tmp_pa
     assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1,2", "--length-penalties", "0.5"]) == 2
     err = capsys.readouterr().err
     assert err.splitlines()[-1] == f"nmt tune-decode: error: {run / 'tune_decode.json'}: could not write ({NO_SPACE})"
+    assert (run / "config.yaml").read_bytes() == before and not (run / "tune_decode.json").exists()
+
+
+def test_a_dev_set_empty_after_cleaning_is_an_error_naming_its_key_in_the_runs_config(tmp_path, capsys):
+    # sacreBLEU scored no sentences with an IndexError: a traceback, after loading the model
+    config = tiny_config(tmp_path, max_updates=4, warmup_updates=1, validate_every=4)
+    assert main(["train", "--config", str(config)]) == 0
+    run = tmp_path / "run"
+    before = (run / "config.yaml").read_bytes()
+    dev = write_corpus(tmp_path / "data", "train", [("", "the dog"), (" ", "")])  # the run's dev, emptied since
+    capsys.readouterr()
+    assert main(["tune-decode", "--model", str(run), "--beam-sizes", "1,2"]) == 2
+    line = capsys.readouterr().err.splitlines()[-1]
+    assert re.fullmatch(
+        rf"nmt tune-decode: error: {re.escape(str(run / 'config.yaml'))}: line \d+, column \d+: config key "
+        rf"'data.dev.path': the corpus '{re.escape(str(dev))}' is empty after cleaning: no dev pair to tune on",
+        line,
+    )
     assert (run / "config.yaml").read_bytes() == before and not (run / "tune_decode.json").exists()
