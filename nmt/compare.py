@@ -17,6 +17,7 @@ from nmt.corpus import read_parallel
 from nmt.errors import NMTError
 from nmt.files import atomic_write, atomic_write_bytes, check_distinct_runs, check_output_dir
 from nmt.metrics import elapsed_at, read_metrics
+from nmt.run_config import empty_saved_corpus
 from nmt.rundir import RunDir
 from nmt.scoring import check_run_bleu, corpus_scores
 from nmt.streams import translate_lines
@@ -79,6 +80,8 @@ def summarize_run(run: RunDir, log: Callable[[str], None]) -> RunSummary:
     # commands give the same score, sacreBLEU's, for the same run and test set.
     summary.test_set = spec.path
     src, ref = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
+    if not src:  # scoring named no file: "the hypothesis input: empty input"
+        raise empty_saved_corpus(run.config_path, "test", f"the corpus '{spec.path}' holds no line: nothing to score")
     summary.test_digest = dev_digest(src, ref)
     own = replace(cfg.decode, nbest=1)
     test_hyps = None

@@ -544,6 +544,25 @@ def test_compare_scores_test_as_eval_bleu_does_blank_lines_included(trained_run,
     assert evaluated["bleu"] < 100
 
 
+def test_compare_with_an_empty_test_set_names_its_key_in_the_runs_config(trained_run, tmp_path, capsys):
+    # the error named no file: "the hypothesis input: empty input, nothing to score"
+    import shutil
+
+    test = write_corpus(tmp_path / "data", "test", [])
+    run = tmp_path / "run"
+    shutil.copytree(trained_run / "run", run)
+    config = yaml.safe_load((run / "config.yaml").read_text())
+    config["data"]["test"] = {"path": str(test)}
+    (run / "config.yaml").write_text(yaml.safe_dump(config))
+    code, stdout, err = run_cli(["compare", run, "--out", tmp_path / "report"], capsys)
+    assert code == 2 and stdout == ""
+    assert re.fullmatch(
+        rf"nmt compare: error: {re.escape(str(run / 'config.yaml'))}: line \d+, column \d+: config key "
+        rf"'data.test.path': the corpus '{re.escape(str(test))}' holds no line: nothing to score\n",
+        err.splitlines(keepends=True)[-1],
+    )
+
+
 def test_compare_without_matplotlib_fails_before_decoding(trained_run, tmp_path, capsys, monkeypatch):
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # import then raises ImportError
     out = tmp_path / "report"
