@@ -287,6 +287,11 @@ def _encode_dev(
     EOS takes the last position). The pairs cut are said here, once a session: validation's
     translator, which cuts their sources again at every validation, says nothing then."""
     src_ids, trg_ids = src_tok.encode(src), trg_tok.encode(trg)
+    if not any(s and t for s, t in zip(src_ids, trg_ids)):  # dev BLEU 0 and a loss on EOS alone, all run long
+        raise NMTError(
+            f"{_empty_corpus('dev', cfg.data.dev)}: every pair has a side the tokenizer encodes to no subword "
+            "(zero-width or control characters only)"
+        )
     if cfg.model.max_positions is None:
         return EncodedCorpus(src_ids, trg_ids)
     limit = cfg.model.max_positions - 1

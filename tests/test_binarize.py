@@ -357,6 +357,20 @@ def test_a_side_the_tokenizer_encodes_to_nothing_is_dropped_and_counted_as_empty
     corpus.close()
 
 
+def test_a_dev_set_with_a_side_encoded_to_nothing_in_every_pair_is_one_line_error(tmp_path):
+    """Such a dev set passed cleaning, and the run validated on it to the end: dev BLEU 0 and a dev
+    loss on EOS alone at every validation. A dev set with some such pairs is kept as it is."""
+    cfg = _config(tmp_path, 10)
+    dev = write_corpus(tmp_path / "data", "dev", [("\u200b", "the dog sleeps"), ("der hund schläft", "\x01\x02")])
+    cfg = replace(cfg, data=replace(cfg.data, dev=replace(cfg.data.dev, path=str(dev))))
+    with pytest.raises(NMTError, match=rf"^config key 'data.dev': the corpus '{dev}' is empty after cleaning: every"):
+        prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
+    write_corpus(tmp_path / "data", "dev", [("\u200b", "the dog sleeps"), ("der hund schläft", "the dog sleeps")])
+    prepared = prepare(cfg, RunDir(cfg.run_dir), lambda m: None)
+    assert len(prepared.dev) == 2
+    prepared.train.close()
+
+
 @pytest.mark.parametrize(
     "data,key,counts",
     [
