@@ -269,9 +269,7 @@ def _bench(trainer, cfg: Config, model: ModelDecoding | None, updates: int, warm
     )
     report["training"] = train
 
-    spec = cfg.data.test or cfg.data.dev
-    src, trg = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
-    src, trg, _ = clean_pairs(src, trg)
+    src, trg = decoded_pairs(cfg)
     if decode_sentences:
         src, trg = src[:decode_sentences], trg[:decode_sentences]
     if model is not None:
@@ -288,6 +286,18 @@ def _bench(trainer, cfg: Config, model: ModelDecoding | None, updates: int, warm
     report["peak_memory_mb"] = _peak_memory_mb(device)
     log(f"peak memory: {report['peak_memory_mb']:.0f} MiB")
     return report
+
+
+def decoded_pairs(cfg: Config) -> tuple[list[str], list[str]]:
+    """The pairs the decoding benchmark translates: data.test's (data.dev's where there is none), cleaned
+    as translation reads them. None left is an error naming the key: there would be nothing to time."""
+    split = "test" if cfg.data.test is not None else "dev"
+    spec = getattr(cfg.data, split)
+    src, trg = read_parallel(spec, cfg.data.src_lang, cfg.data.trg_lang)
+    src, trg, _ = clean_pairs(src, trg)
+    if not src:
+        raise NMTError(f"config key 'data.{split}': {spec.path}: no sentence pair to decode")
+    return src, trg
 
 
 def model_translator(

@@ -298,10 +298,11 @@ def cmd_tune_decode(args: argparse.Namespace) -> int:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from nmt import bench
-    from nmt.config import check_on_this_machine, load_config
+    from nmt.config import check_on_this_machine, check_with_place, load_config
 
     cfg = load_config(args.config, args.set)
     check_on_this_machine(cfg, args.config, args.set)
+    check_with_place(bench.decoded_pairs, cfg, args.config, args.set)  # before minutes of training
     model = None if args.model is None else bench.model_decoding(Path(args.model), cfg, args.set)
     bench.main(cfg, Path(args.config), model, args.updates, args.warmup, args.decode_sentences, args.json, log)
     return 0

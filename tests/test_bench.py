@@ -171,6 +171,31 @@ def test_bench_refuses_a_model_run_without_a_checkpoint_before_any_work(tmp_path
     assert "the run has no checkpoint yet" in err and err.count("\n") == 1, err
 
 
+def test_bench_refuses_a_test_set_with_nothing_to_decode_before_any_work(tmp_path, capsys, monkeypatch):
+    """A data.test of blank lines (or none at all) left sacreBLEU an empty list: an IndexError's
+    traceback after every timed training update. Now one line naming the key, at its line or --set."""
+    import nmt.bench
+
+    config = tiny_config(tmp_path)
+    for side in ("de", "en"):
+        (tmp_path / f"blank.{side}").write_text("\n\n")
+        (tmp_path / f"empty.{side}").write_text("")
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("the benchmark ran")
+
+    monkeypatch.setattr(nmt.bench, "run_bench", no_work)
+    capsys.readouterr()
+    assert main(["bench", "--config", str(config), "--set", f"data.test={tmp_path / 'empty'}"]) == 2
+    err = capsys.readouterr().err
+    assert f"--set data.test={tmp_path / 'empty'}: config key 'data.test'" in err and err.count("\n") == 1, err
+    given = f"test: {tmp_path / 'data' / 'train'}"
+    config.write_text(config.read_text().replace(given, f"test: {tmp_path / 'blank'}"))
+    assert main(["bench", "--config", str(config)]) == 2
+    err = capsys.readouterr().err
+    assert "line " in err and "config key 'data.test'" in err and "no sentence pair to decode" in err, err
+
+
 FAKE_NMT = """#!/bin/sh
 # nmt bench's check of --json: its directory must exist
 while [ $# -gt 0 ]; do
