@@ -86,6 +86,8 @@ def matmul_peak_gflops(device: torch.device, precision: Precision, sizes=None, s
             a = torch.randn(n, n, device=device, dtype=precision.dtype)
             b = torch.randn(n, n, device=device, dtype=precision.dtype)
             product(a, b)
+            if device.type == "cuda":  # the operands' making and the warm-up product, still queued, are not timed
+                torch.cuda.synchronize()
             calls, start = 0, time.perf_counter()
             while True:
                 product(a, b)

@@ -281,3 +281,38 @@ def test_scripts_refuse_counts_and_durations_below_their_least_on_one_line(tmp_p
     last = done.stderr.splitlines()[-1]
     assert f"error: argument {option}: expected " in last and last.endswith(f"got '{value}'")
     assert "Traceback" not in done.stderr and not (tmp_path / "o").exists()
+
+
+class FakeGpu:
+    """A GPU as the host sees it: each launch is queued, and runs only at a synchronize, one second
+    each on a clock nothing else moves. A timing counts the queued work of its warm-up unless it
+    synchronizes before it reads the clock."""
+
+    def __init__(self):
+        self.clock, self.queued = 0.0, 0
+
+    def launch(self, *args, **kwargs) -> object:
+        self.queued += 1
+        return object()
+
+    def synchronize(self, *args) -> None:
+        self.clock, self.queued = self.clock + self.queued, 0
+
+    def perf_counter(self) -> float:
+        return self.clock
+
+
+def test_matmul_peak_on_a_gpu_does_not_time_the_queued_warm_up(monkeypatch):
+    from types import SimpleNamespace
+
+    import torch
+
+    from nmt import bench
+    from nmt.device import Precision
+
+    gpu = FakeGpu()
+    fake_torch = SimpleNamespace(randn=gpu.launch, mm=gpu.launch, cuda=SimpleNamespace(synchronize=gpu.synchronize))
+    monkeypatch.setattr(bench, "torch", fake_torch)
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=gpu.perf_counter))
+    peak = bench.matmul_peak_gflops(torch.device("cuda"), Precision("cuda", "bf16"), sizes=(1000,), seconds=4)
+    assert peak == pytest.approx(2 * 1000**3 / 1e9)  # one product a second: 2 GFLOP/s
