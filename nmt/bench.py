@@ -160,6 +160,8 @@ def bench_training(trainer, updates: int, warmup: int, log: Callable[[str], None
     groups = update_groups(trainer, warmup + updates)
     for g in groups[:warmup]:
         trainer.train_step(g)
+    if trainer.device.type == "cuda":  # the last warm-up optimizer step, still queued, is not the first update timed
+        torch.cuda.synchronize()
     timed = groups[warmup:]
     first, _, _ = _timed_updates(trainer, timed)
     step_times, trg_tokens, src_tokens = _timed_updates(trainer, timed)

@@ -316,3 +316,26 @@ def test_matmul_peak_on_a_gpu_does_not_time_the_queued_warm_up(monkeypatch):
     monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=gpu.perf_counter))
     peak = bench.matmul_peak_gflops(torch.device("cuda"), Precision("cuda", "bf16"), sizes=(1000,), seconds=4)
     assert peak == pytest.approx(2 * 1000**3 / 1e9)  # one product a second: 2 GFLOP/s
+
+
+def test_training_bench_on_a_gpu_does_not_time_the_queued_warm_up(monkeypatch):
+    """train_step returns once its statistics are on the host, with the optimizer step still queued."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nmt import bench
+
+    gpu = FakeGpu()
+    trainer = SimpleNamespace(
+        device=torch.device("cuda"),
+        cfg=SimpleNamespace(train=SimpleNamespace(accumulate=1)),
+        epoch_plan=lambda: [[0, 1]] * 3,
+        train_step=lambda group: gpu.launch() and {"trg_tokens": 10, "src_tokens": 10},
+        model=SimpleNamespace(flops_per_token=lambda src_length, trg_length: 1.0),
+    )
+    monkeypatch.setattr(bench, "torch", SimpleNamespace(cuda=SimpleNamespace(synchronize=gpu.synchronize)))
+    monkeypatch.setattr(bench, "time", SimpleNamespace(perf_counter=gpu.perf_counter))
+    result = bench.bench_training(trainer, updates=2, warmup=1, log=lambda line: None)
+    assert result["first_pass_trg_tokens_per_s"] == pytest.approx(10.0)  # one update of 10 tokens a second
+    assert result["first_pass_max_over_median_update"] == pytest.approx(1.0)
