@@ -339,3 +339,27 @@ def test_training_bench_on_a_gpu_does_not_time_the_queued_warm_up(monkeypatch):
     result = bench.bench_training(trainer, updates=2, warmup=1, log=lambda line: None)
     assert result["first_pass_trg_tokens_per_s"] == pytest.approx(10.0)  # one update of 10 tokens a second
     assert result["first_pass_max_over_median_update"] == pytest.approx(1.0)
+
+
+def test_peak_memory_on_a_gpu_is_the_peak_since_it_was_reset_on_that_gpu(monkeypatch):
+    """The matmul peak's operands (and in make gpu-check the runs before) are not the bench's peak."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from nmt import bench
+
+    peaks = {0: 2000 * 2**20, 1: 5000 * 2**20}  # bytes, by GPU: the process's peaks so far
+    in_use = {0: 100 * 2**20, 1: 100 * 2**20}
+
+    def reset_peak_memory_stats(device):
+        peaks[device.index] = in_use[device.index]
+
+    fake_cuda = SimpleNamespace(
+        reset_peak_memory_stats=reset_peak_memory_stats, max_memory_allocated=lambda device: peaks[device.index]
+    )
+    monkeypatch.setattr(bench, "torch", SimpleNamespace(cuda=fake_cuda))
+    gpu = torch.device("cuda", 1)
+    bench.reset_peak_memory(gpu)
+    peaks[1] += 300 * 2**20  # training and decoding
+    assert bench._peak_memory_mb(gpu) == 400
