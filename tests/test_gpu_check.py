@@ -43,6 +43,7 @@ def test_gpu_check_logic_runs_on_cpu(tmp_path):
     summary = done.stdout.split("== gpu-check on")[1]
     assert "FAIL" not in summary
     assert "PASS  batched beam search" in summary
+    assert "PASS  fp16 + GradScaler, 60 updates" in summary  # on the CPU through the tests' hook
     assert "nmt bench, Transformer-base, eager" in summary and "nmt bench, Transformer-base, compiled" in summary
     figures = json.loads((tmp_path / "gpu_check.json").read_text())
     for label in ("eager", "compiled") if gpu_check.has_cpp_compiler() else ("eager",):
@@ -116,6 +117,31 @@ def test_fp16_check_reports_a_diverged_run_as_a_row_and_a_calibrated_one_as_pass
     assert "4 overflowing updates skipped" in report.rows[1][2]
 
 
+def test_fp16_check_in_quick_trains_fp16_on_the_cpu_and_puts_the_hook_back(tmp_path, monkeypatch):
+    """--quick runs the fp16 check end to end on a CPU, as it would run on a GPU, instead of skipping it."""
+    from types import SimpleNamespace
+
+    from nmt import testhooks
+    from nmt.device import check_precision
+
+    monkeypatch.delenv(testhooks.FP16_ON_CPU, raising=False)
+    trained = []
+
+    def train_run(cfg):
+        check_precision(cfg.train.precision, "cpu", False)  # the trainer's refusal, unless fp16 may run here
+        trained.append((cfg.train.precision, cfg.train.device, cfg.train.max_updates))
+        scaler = SimpleNamespace(get_scale=lambda: 65536.0, is_enabled=lambda: True)
+        trainer = SimpleNamespace(scaler=scaler, progress=SimpleNamespace(skipped_updates=0))
+        return trainer, [{"loss": loss} for loss in _falling(60)], 1.0
+
+    monkeypatch.setattr(gpu_check, "train_run", train_run)
+    report = gpu_check.Report()
+    gpu_check.check_fp16(report, tmp_path, "cpu", 60)
+    assert trained == [("fp16", "cpu", 60)]
+    assert report.rows[0][:2] == ("fp16 + GradScaler, 60 updates", "PASS")
+    assert not testhooks.fp16_on_cpu()  # users keep the rule that fp16 needs a GPU
+
+
 def _fake_bench(cfg, *args):
     train = {"trg_tokens_per_s": 1000.0, "trg_tokens_per_update": 500.0, "model_gflops": 400.0}
     return {
@@ -167,13 +193,14 @@ def test_without_multi30k_only_the_bench_is_not_run(tmp_path, monkeypatch, capsy
     ran = []
     monkeypatch.setattr(gpu_check, "check_agreement", lambda report, *args: ran.append("agreement"))
     monkeypatch.setattr(gpu_check, "check_bf16_training", lambda report, out, *args: ran.append("bf16") or out)
+    monkeypatch.setattr(gpu_check, "check_fp16", lambda report, *args: ran.append("fp16"))
     monkeypatch.setattr(gpu_check, "check_beam", lambda report, *args: ran.append("beam"))
     monkeypatch.setattr(gpu_check.bench, "run_bench", _fake_bench)
     argv = ["gpu_check.py", "--quick", "--data", str(tmp_path / "nowhere"), "--out", str(tmp_path / "out")]
     monkeypatch.setattr(sys, "argv", argv)
     code = gpu_check.main()
     rows = _summary(capsys.readouterr().out)
-    assert code == 1 and ran == ["agreement", "bf16", "beam"]
+    assert code == 1 and ran == ["agreement", "bf16", "fp16", "beam"]
     verdict, text = rows["nmt bench, Transformer-base"]
     assert verdict == "FAIL" and text.startswith(f"not run: no Multi30k in {tmp_path / 'nowhere'}")
 
