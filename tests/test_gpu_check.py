@@ -3,6 +3,7 @@ between the rare sessions that have a GPU."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -43,6 +44,7 @@ def test_gpu_check_logic_runs_on_cpu(tmp_path):
     summary = done.stdout.split("== gpu-check on")[1]
     assert "FAIL" not in summary
     assert "PASS  batched beam search" in summary
+    assert re.search(r"PASS  CUDA-marked tests +\d+ skipped", summary)  # collected, and skipped without a GPU
     assert "PASS  fp16 + GradScaler, 60 updates" in summary  # on the CPU through the tests' hook
     assert "nmt bench, Transformer-base, eager" in summary and "nmt bench, Transformer-base, compiled" in summary
     figures = json.loads((tmp_path / "gpu_check.json").read_text())
@@ -82,6 +84,16 @@ def test_a_failing_bench_is_reported_as_a_row_not_a_crash(tmp_path, monkeypatch)
 
 def _falling(updates: int) -> list[float]:
     return [8.0 - 6.0 * i / updates for i in range(updates)]
+
+
+def test_cuda_tests_pass_on_a_gpu_only_where_every_one_ran_and_in_quick_where_none_failed():
+    assert gpu_check.tests_passed(0, "9 passed, 1436 deselected in 40.10s", quick=False)
+    assert not gpu_check.tests_passed(0, "8 passed, 1 skipped, 1436 deselected in 40.10s", quick=False)
+    assert not gpu_check.tests_passed(0, "9 skipped, 1436 deselected in 2.25s", quick=False)  # no GPU seen
+    assert not gpu_check.tests_passed(1, "1 failed, 8 passed, 1436 deselected in 40.10s", quick=False)
+    assert gpu_check.tests_passed(0, "9 skipped, 1436 deselected in 2.25s", quick=True)
+    assert not gpu_check.tests_passed(2, "9 skipped, 1436 deselected, 1 error in 2.25s", quick=True)  # an import
+    assert not gpu_check.tests_passed(5, "1445 deselected in 2.25s", quick=True)  # none marked: none collected
 
 
 def test_fp16_verdict_passes_calibration_and_fails_a_frozen_or_overflowing_run():
