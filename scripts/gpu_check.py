@@ -40,6 +40,26 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+# The modules a check imports (its pip package where the name differs). On a GPU machine without
+# network, the Python is the machine's own: one without them gets one line, not an ImportError's
+# traceback before any result.
+NEEDED = {"torch": "torch", "sentencepiece": "sentencepiece", "sacrebleu": "sacrebleu", "yaml": "pyyaml"}
+NEEDED |= {"numpy": "numpy", "tqdm": "tqdm", "pytest": "pytest"}
+
+
+def missing_packages(needed: dict[str, str]) -> list[str]:
+    """The pip packages of ``needed`` (module -> package) that this Python cannot import."""
+    import importlib.util
+
+    return [package for module, package in needed.items() if importlib.util.find_spec(module) is None]
+
+
+if __name__ == "__main__" and (lacking := missing_packages(NEEDED)):
+    sys.exit(
+        f"gpu-check: error: {sys.executable} lacks {', '.join(lacking)}: pip install {' '.join(lacking)} "
+        "there, or name a Python that has them with GPU_PY=..."
+    )
+
 import torch  # noqa: E402
 
 from nmt import bench, testhooks  # noqa: E402

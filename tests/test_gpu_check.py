@@ -387,3 +387,25 @@ def test_an_out_that_cannot_be_a_directory_is_a_one_line_error(tmp_path, monkeyp
     assert gpu_check.main() == 2
     err = capsys.readouterr().err
     assert err.startswith(f"gpu-check: error: --out {taken / 'gpu-check'}: ") and err.count("\n") == 1, err
+
+
+def test_a_python_without_the_packages_is_named_in_one_line():
+    """On a GPU machine without network the Python is the machine's own: what it lacks is named,
+    with the pip install that fixes it, instead of an ImportError's traceback before any result."""
+    assert gpu_check.missing_packages({"json": "json", "nmt_no_such_module": "nmt-no-such"}) == ["nmt-no-such"]
+    assert gpu_check.missing_packages(gpu_check.NEEDED) == []  # the test suite's own Python has them all
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            f"import sys; sys.argv = ['gpu_check.py']; sys.path[:0] = [{str(ROOT)!r}]; "
+            "import importlib.util as u; real = u.find_spec; "
+            "u.find_spec = lambda name, *a: None if name == 'sacrebleu' else real(name, *a); "
+            f"import runpy; runpy.run_path({str(ROOT / 'scripts' / 'gpu_check.py')!r}, run_name='__main__')",
+        ],
+        capture_output=True,
+        text=True,
+    )
+    assert done.returncode != 0 and done.stdout == ""
+    assert done.stderr.startswith("gpu-check: error: ") and "lacks sacrebleu: pip install sacrebleu" in done.stderr
+    assert done.stderr.count("\n") == 1, done.stderr
