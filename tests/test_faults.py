@@ -50,29 +50,32 @@ def final_model(run_dir: Path):
 # another kernel round differently.
 SETTINGS = [
     "model.dropout=0.1",
-    "train.max_updates=400",
+    "train.max_updates=400",  # still training when a signal comes at update 5, 15 or 25
     "train.validate_every=10",
     "train.max_tokens=128",
     "train.threads=1",
     "train.fp32_matmul=blas",
     "train.attention=sdpa",
 ]
+# The kill -9 runs, killed at update 25 or 30 and resumed from the checkpoint before: 80 updates after it
+# for a dropout mask, a batch or an AdamW moment restored wrongly to change the final weights.
+KILLED = [*SETTINGS, "train.max_updates=100"]
 
 
 def test_kill_9_then_resume_equals_uninterrupted(tmp_path):
     straight = tiny_config(tmp_path / "a")
-    assert main(["train", "--config", str(straight), *sum((["--set", s] for s in SETTINGS), [])]) == 0
+    assert main(["train", "--config", str(straight), *sum((["--set", s] for s in KILLED), [])]) == 0
 
     killed = tiny_config(tmp_path / "b")
-    proc = start_training(killed, *SETTINGS)
+    proc = start_training(killed, *KILLED)
     wait_for_updates(tmp_path / "b" / "run", 25, proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert proc.returncode == -signal.SIGKILL
-    assert main(["train", "--config", str(killed), *sum((["--set", s] for s in SETTINGS), [])]) == 0
+    assert main(["train", "--config", str(killed), *sum((["--set", s] for s in KILLED), [])]) == 0
 
     (ua, wa), (ub, wb) = final_model(tmp_path / "a" / "run"), final_model(tmp_path / "b" / "run")
-    assert ua == ub == 400
+    assert ua == ub == 100
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
 
@@ -273,7 +276,7 @@ def test_kill_9_during_a_checkpoint_write_then_resume(tmp_path):
     """The process dies between writing a checkpoint's temporary file and renaming it: the
     previous checkpoint is intact, resume continues from it and ends where a clean run ends."""
     straight = tiny_config(tmp_path / "a")
-    settings = sum((["--set", s] for s in SETTINGS), [])
+    settings = sum((["--set", s] for s in KILLED), [])
     assert main(["train", "--config", str(straight), *settings]) == 0
 
     crashed = tiny_config(tmp_path / "b")
@@ -288,7 +291,7 @@ def test_kill_9_during_a_checkpoint_write_then_resume(tmp_path):
     assert not any(".tmp" in p.name for p in ckpt_dir.iterdir())  # cleaned up on resume
 
     (ua, wa), (ub, wb) = final_model(tmp_path / "a" / "run"), final_model(tmp_path / "b" / "run")
-    assert ua == ub == 400
+    assert ua == ub == 100
     for name in wa:
         assert torch.equal(wa[name], wb[name]), name
 
