@@ -215,13 +215,15 @@ class CheckpointManager:
         """The best checkpoints the index records, best first (``best_rank``), and whether the first one's
         file is there (True where none is recorded). A file missing is looked for in the index read
         again: a trainer names a new best there before it deletes the one it pushed out."""
+        index = self.read_index()
         for _ in range(_REREADS):
-            index = self.read_index()
             ranked = sorted(index.get("best", []), key=_rank, reverse=True)
             if not ranked or (self.directory / ranked[0]["file"]).exists():
                 return ranked, True
-            if self.read_index() == index:
+            again = self.read_index()
+            if again == index:
                 break
+            index = again
         return ranked, False
 
     def best_path(self) -> Path | None:
