@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from nmt.config import Config, DecodeConfig
-from nmt.config_sources import apply_overrides
+from nmt.config_sources import set_giving
 from nmt.corpus import clean_pairs, read_parallel
 from nmt.device import Precision, bf16_available
 from nmt.errors import NMTError
@@ -45,10 +45,9 @@ class ModelDecoding:
 
 def model_decoding(run: Path, cfg: Config, overrides: list[str]) -> ModelDecoding:
     """How ``run`` is decoded by a bench of ``cfg``, read with these --set ``overrides``."""
-    given = apply_overrides({}, overrides)  # the dotted keys the --set options wrote
 
     def by_set(key: str) -> bool:  # the key itself, or its whole section
-        return any(key == k or key.startswith(k + ".") for k in given)
+        return set_giving(key, overrides) is not None
 
     return ModelDecoding(
         run,

@@ -270,7 +270,7 @@ _ERROR_KEY = re.compile(r"(?:unknown )?config key '([^']+)'")
 _OTHER_KEY = re.compile(r"\b(?:data|tokenizer|model|train|decode)(?:\.[a-z][a-z0-9_]*)+")
 
 
-def _set_giving(key: str, overrides: list[str]) -> str | None:
+def set_giving(key: str, overrides: list[str]) -> str | None:
     """The --set that gives the dotted ``key`` (itself, a section holding it, or a key within it),
     the last such winning as it does for the value; None where none does."""
     for text in reversed(overrides):
@@ -284,7 +284,7 @@ def error_source(message: str, path: Path, overrides: list[str]) -> str:
     """``--set KEY=VALUE`` when the key the error names was given (or lies in a section given) on
     the command line, the last such --set winning as it does for the value; else the file."""
     match = _ERROR_KEY.match(message)
-    text = None if match is None else _set_giving(match.group(1), overrides)
+    text = None if match is None else set_giving(match.group(1), overrides)
     return str(path) if text is None else f"--set {text}"
 
 
@@ -325,7 +325,7 @@ def file_place(message: str, path: Path, overrides: list[str] | None = None) -> 
     match = _ERROR_KEY.match(message)
     if match is None:
         return str(path)
-    others = [key for key in _OTHER_KEY.findall(message, match.end()) if _set_giving(key, overrides or []) is None]
+    others = [key for key in _OTHER_KEY.findall(message, match.end()) if set_giving(key, overrides or []) is None]
     for key in (match.group(1), *others):
         mark = key_mark(path, key)
         if mark is not None:

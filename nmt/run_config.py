@@ -13,7 +13,7 @@ from pathlib import Path
 
 from nmt.config import Config, CorpusConfig, check_with_place, config_to_dict
 from nmt.config_checks import check_case_folding_scoring, check_held_out_corpora
-from nmt.config_sources import apply_overrides, file_place, read_yaml
+from nmt.config_sources import file_place, read_yaml, set_giving
 from nmt.corpus import local_corpus_gone
 from nmt.errors import NMTError
 from nmt.models import same_model_value
@@ -127,12 +127,11 @@ def check_saved_corpora(
     if not isinstance(saved, dict):
         return
     d = cfg.data
-    given = apply_overrides({}, overrides or [])
     gone = []
     for split in ("train", "dev", "test"):
         spec: CorpusConfig | None = getattr(d, split)
         path_key = f"data.{split}.path"
-        if spec is None or any(path_key == key or path_key.startswith(key + ".") for key in given):
+        if spec is None or set_giving(path_key, overrides or []) is not None:
             continue  # given on the command line (itself, or within a section given whole)
         named_there = isinstance(saved.get(split), dict) and saved[split].get("path") == spec.path
         if named_there and local_corpus_gone(spec, d.src_lang, d.trg_lang) and not _synthetic_under_way(cfg, spec):
